@@ -1,0 +1,48 @@
+package moat
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors. Compare with errors.Is; the errors moat returns wrap them
+// with context.
+var (
+	// ErrUnavailable means a level cannot run here with the protections it
+	// promises (a missing binary, kernel feature or privilege). moat never
+	// runs code with weaker protection instead.
+	ErrUnavailable = errors.New("sandbox unavailable")
+
+	// ErrInvalid means a request or a configuration was malformed: empty
+	// code, an unknown level, a limit that does not parse.
+	ErrInvalid = errors.New("invalid input")
+
+	// ErrClosed means the sandbox was closed.
+	ErrClosed = errors.New("sandbox closed")
+)
+
+// UnavailableError says why a level cannot run and what to do about it. It
+// matches [ErrUnavailable] under errors.Is.
+type UnavailableError struct {
+	Level  Level
+	Reason string // what is missing, e.g. "landlock is not enabled in this kernel"
+	Remedy string // what the operator can do, e.g. "boot with lsm=landlock,..."
+	Err    error  // the underlying error, if any
+}
+
+func (e *UnavailableError) Error() string {
+	msg := fmt.Sprintf("%s: unavailable: %s", e.Level, e.Reason)
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	if e.Remedy != "" {
+		msg += " (" + e.Remedy + ")"
+	}
+	return msg
+}
+
+// Is reports whether target is ErrUnavailable.
+func (e *UnavailableError) Is(target error) bool { return target == ErrUnavailable }
+
+// Unwrap returns the underlying error.
+func (e *UnavailableError) Unwrap() error { return e.Err }

@@ -1,0 +1,88 @@
+package moat
+
+import (
+	"context"
+	"fmt"
+	"io"
+)
+
+// Level names an isolation level. Levels are interchangeable behind
+// [Sandbox]: an operator swaps one for another without touching the agent.
+type Level string
+
+// The isolation levels, from the lightest to the strongest.
+const (
+	// LevelSubprocess runs each piece of code in a child process with
+	// rlimits, cgroups, a dedicated uid, Landlock and seccomp. It shares the
+	// host kernel.
+	LevelSubprocess Level = "subprocess"
+	// LevelContainer runs each piece of code in a hardened Docker container.
+	LevelContainer Level = "container"
+	// LevelGVisor runs each piece of code under gVisor's user-space kernel.
+	LevelGVisor Level = "gvisor"
+	// LevelMicroVM runs each piece of code in a virtual machine with its own
+	// kernel.
+	LevelMicroVM Level = "microvm"
+)
+
+// Levels lists every level moat knows, lightest first.
+var Levels = []Level{LevelSubprocess, LevelContainer, LevelGVisor, LevelMicroVM}
+
+// ParseLevel returns the level named s, or an error wrapping [ErrInvalid].
+func ParseLevel(s string) (Level, error) {
+	for _, l := range Levels {
+		if string(l) == s {
+			return l, nil
+		}
+	}
+	return "", fmt.Errorf("moat: unknown level %q (known: subprocess, container, gvisor, microvm): %w", s, ErrInvalid)
+}
+
+// Request is one piece of code to run.
+type Request struct {
+	// Code is the Python source to run. It must not be empty. It may hold
+	// any bytes; code that is not valid Python is the code's failure, reported
+	// in the Result.
+	Code []byte
+
+	// Stdout and Stderr, when not nil, receive every byte the code writes to
+	// the stream, as it is written, including what lies past the output cap
+	// (the Result keeps only the capped part). A slow writer slows the run
+	// down; it does not make the sandbox buffer without bound. Writes happen
+	// from a goroutine of the sandbox, never concurrently for one stream.
+	Stdout io.Writer
+	Stderr io.Writer
+}
+
+// Sandbox runs untrusted code at one isolation level.
+//
+// Run is safe for concurrent use: every call gets a fresh, private
+// environment (processes, files, working directory) and nothing of one run is
+// visible to another. Cancelling ctx kills the run and everything it started;
+// Run then returns the Result so far with Reason [ReasonCanceled] when the
+// code had started, or ctx's error when it had not. When Run returns, nothing
+// of the run is left: no process, file, container or VM.
+//
+// Run returns an error only when the sandbox itself failed or refused to run
+// (errors.Is(err, ErrUnavailable) when a promised protection cannot be
+// applied, ErrInvalid for a bad request, ErrClosed after Close). The code's
+// own failures — a non-zero exit, a crash, a limit hit — are Results.
+//
+// Close releases what the sandbox holds and makes later Runs fail with
+// ErrClosed. It waits for runs in progress to finish. It may be called more
+// than once; calls after the first return nil.
+type Sandbox interface {
+	Run(ctx context.Context, req Request) (*Result, error)
+	Level() Level
+	Close() error
+}
+
+// Availability says whether a level can run on this machine, and if not, why
+// and what to do about it. It is what `moat doctor` prints.
+type Availability struct {
+	Level     Level    `json:"level"`
+	Available bool     `json:"available"`
+	Reason    string   `json:"reason,omitempty"` // why not, or a caveat when available
+	Remedy    string   `json:"remedy,omitempty"` // what the operator can do
+	Details   []string `json:"details,omitempty"` // facts checked, one per line
+}
