@@ -82,7 +82,7 @@ type Sandbox interface {
 type Availability struct {
 	Level     Level    `json:"level"`
 	Available bool     `json:"available"`
-	Reason    string   `json:"reason,omitempty"` // why not, or a caveat when available
-	Remedy    string   `json:"remedy,omitempty"` // what the operator can do
+	Reason    string   `json:"reason,omitempty"`  // why not, or a caveat when available
+	Remedy    string   `json:"remedy,omitempty"`  // what the operator can do
 	Details   []string `json:"details,omitempty"` // facts checked, one per line
 }
