@@ -1,0 +1,347 @@
+// Package cgroup gives each sandbox run a control group of its own, with a
+// memory and a process limit, on cgroup v2 or on the v1 memory and pids
+// hierarchies, and says afterwards which limit the run hit.
+//
+// Groups are named "<owner pid>-<run id>" under a parent directory ("moat"
+// by default) in each hierarchy, so that a later process can tell the groups
+// of a live moat from those of a dead one and remove only the latter
+// ([Manager.Reap]).
+package cgroup
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Root is where cgroup hierarchies are mounted.
+const Root = "/sys/fs/cgroup"
+
+// Manager creates per-run groups. Its zero value is not usable; call
+// [Detect].
+type Manager struct {
+	v2 bool
+	// dirs are the parent directories, one per hierarchy: on v2 the single
+	// unified one; on v1 memory first, then pids.
+	dirs []string
+}
+
+// Limits are what a group enforces.
+type Limits struct {
+	Memory int64 // bytes; swap is held at zero beyond it where the kernel allows
+	Pids   int64 // processes and threads
+}
+
+// Detect finds the memory and pids controllers and prepares parent (e.g.
+// "moat") under them. It fails when either controller cannot be had; the
+// error explains why.
+func Detect(parent string) (*Manager, error) {
+	if parent == "" || strings.Contains(parent, "..") {
+		return nil, fmt.Errorf("cgroup: bad parent name %q", parent)
+	}
+	m := &Manager{}
+	if data, err := os.ReadFile(filepath.Join(Root, "cgroup.controllers")); err == nil {
+		// cgroup v2, unified hierarchy.
+		ctrl := strings.Fields(string(data))
+		if !contains(ctrl, "memory") || !contains(ctrl, "pids") {
+			return nil, fmt.Errorf("cgroup: v2 hierarchy lacks the memory or pids controller (has %v)", ctrl)
+		}
+		m.v2 = true
+		dir := filepath.Join(Root, parent)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("cgroup: %w", err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte("+memory +pids"), 0); err != nil {
+			return nil, fmt.Errorf("cgroup: enable memory and pids controllers under %s: %w", dir, err)
+		}
+		m.dirs = []string{dir}
+		return m, nil
+	}
+	for _, c := range []string{"memory", "pids"} {
+		base := filepath.Join(Root, c)
+		if _, err := os.Stat(filepath.Join(base, "cgroup.procs")); err != nil {
+			return nil, fmt.Errorf("cgroup: no cgroup v2 hierarchy and no v1 %s controller at %s", c, base)
+		}
+		dir := filepath.Join(base, parent)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("cgroup: %w", err)
+		}
+		m.dirs = append(m.dirs, dir)
+	}
+	return m, nil
+}
+
+// Version returns 1 or 2.
+func (m *Manager) Version() int {
+	if m.v2 {
+		return 2
+	}
+	return 1
+}
+
+// Group is one run's control group.
+type Group struct {
+	m    *Manager
+	name string
+	dirs []string // same order as Manager.dirs
+}
+
+// New creates the group name with the given limits. The caller must Remove
+// it.
+func (m *Manager) New(name string, l Limits) (*Group, error) {
+	g := &Group{m: m, name: name}
+	for _, parent := range m.dirs {
+		dir := filepath.Join(parent, name)
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			g.Remove()
+			return nil, fmt.Errorf("cgroup: %w", err)
+		}
+		g.dirs = append(g.dirs, dir)
+	}
+	mem := strconv.FormatInt(l.Memory, 10)
+	pids := strconv.FormatInt(l.Pids, 10)
+	var writes [][2]string
+	if m.v2 {
+		writes = [][2]string{
+			{"memory.max", mem},
+			{"memory.swap.max", "0"},
+			{"pids.max", pids},
+		}
+	} else {
+		writes = [][2]string{
+			{"memory.limit_in_bytes", mem},
+			{"memory.memsw.limit_in_bytes", mem},
+			{"memory.swappiness", "0"},
+			{"pids.max", pids},
+		}
+	}
+	for _, w := range writes {
+		if err := g.write(w[0], w[1]); err != nil {
+			// memsw and swap files exist only where the kernel accounts swap;
+			// without swap accounting there is no swap to hold at zero beyond
+			// what the memory limit allows.
+			if errors.Is(err, os.ErrNotExist) && (strings.Contains(w[0], "swap") || strings.Contains(w[0], "memsw")) {
+				continue
+			}
+			g.Remove()
+			return nil, err
+		}
+	}
+	return g, nil
+}
+
+// dirFor returns the directory holding file.
+func (g *Group) dirFor(file string) string {
+	if g.m.v2 || strings.HasPrefix(file, "memory.") || len(g.dirs) < 2 {
+		return g.dirs[0]
+	}
+	return g.dirs[1]
+}
+
+func (g *Group) write(file, value string) error {
+	p := filepath.Join(g.dirFor(file), file)
+	if err := os.WriteFile(p, []byte(value), 0); err != nil {
+		return fmt.Errorf("cgroup: write %s: %w", p, err)
+	}
+	return nil
+}
+
+// ProcsFiles returns the cgroup.procs files a process writes "0" into to
+// join the group, one per hierarchy.
+func (g *Group) ProcsFiles() []string {
+	out := make([]string, len(g.dirs))
+	for i, d := range g.dirs {
+		out[i] = filepath.Join(d, "cgroup.procs")
+	}
+	return out
+}
+
+// Events says which limits the group hit.
+type Events struct {
+	OOMKill bool // the memory limit made the kernel kill a process
+	PidsMax bool // the pids limit refused a fork or a thread
+}
+
+// Events reads the group's counters.
+func (g *Group) Events() Events {
+	var ev Events
+	if g.m.v2 {
+		ev.OOMKill = keyValue(filepath.Join(g.dirs[0], "memory.events"), "oom_kill") > 0
+		ev.PidsMax = keyValue(filepath.Join(g.dirs[0], "pids.events"), "max") > 0
+		return ev
+	}
+	ev.OOMKill = keyValue(filepath.Join(g.dirs[0], "memory.oom_control"), "oom_kill") > 0
+	ev.PidsMax = keyValue(filepath.Join(g.dirs[1], "pids.events"), "max") > 0
+	return ev
+}
+
+// keyValue reads "key N" from a flat-keyed cgroup file, 0 when absent.
+func keyValue(path, key string) int64 {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) == 2 && f[0] == key {
+			n, _ := strconv.ParseInt(f[1], 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// Pids returns the processes in the group.
+func (g *Group) Pids() []int {
+	var out []int
+	seen := map[int]bool{}
+	for _, d := range g.dirs {
+		data, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(data)) {
+			if pid, err := strconv.Atoi(f); err == nil && !seen[pid] {
+				seen[pid] = true
+				out = append(out, pid)
+			}
+		}
+	}
+	return out
+}
+
+// Kill kills every process in the group and waits, bounded, until none is
+// left. On v2 it uses cgroup.kill; on v1 it kills the listed processes until
+// the list stays empty (a forking process is caught on a later pass, and the
+// pids limit bounds how many there can be).
+func (g *Group) Kill() error {
+	if g.m.v2 {
+		if err := os.WriteFile(filepath.Join(g.dirs[0], "cgroup.kill"), []byte("1"), 0); err == nil {
+			return g.waitEmpty()
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		pids := g.Pids()
+		if len(pids) == 0 {
+			return nil
+		}
+		for _, p := range pids {
+			syscall.Kill(p, syscall.SIGKILL)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return fmt.Errorf("cgroup: processes remain in %s after kill", g.name)
+}
+
+func (g *Group) waitEmpty() error {
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if len(g.Pids()) == 0 {
+			return nil
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	return fmt.Errorf("cgroup: processes remain in %s after kill", g.name)
+}
+
+// Remove removes the group's directories. The group must be empty; Remove
+// retries briefly while the kernel finishes reaping its last processes. It
+// is safe to call more than once.
+func (g *Group) Remove() error {
+	var errs []error
+	for i := len(g.dirs) - 1; i >= 0; i-- {
+		if err := rmdirRetry(g.dirs[i]); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	g.dirs = nil
+	return errors.Join(errs...)
+}
+
+func rmdirRetry(dir string) error {
+	var err error
+	for i := 0; i < 200; i++ {
+		err = syscall.Rmdir(dir)
+		if err == nil || errors.Is(err, syscall.ENOENT) {
+			return nil
+		}
+		if !errors.Is(err, syscall.EBUSY) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return fmt.Errorf("cgroup: remove %s: %w", dir, err)
+}
+
+// Reap kills and removes the groups left behind by moat processes that are
+// no longer alive (a crash, kill -9). Groups of live owners are left alone.
+// It returns the names of the groups it removed.
+func (m *Manager) Reap() ([]string, error) {
+	seen := map[string]bool{}
+	var names []string
+	for _, parent := range m.dirs {
+		entries, err := os.ReadDir(parent)
+		if err != nil {
+			return nil, fmt.Errorf("cgroup: %w", err)
+		}
+		for _, e := range entries {
+			if !e.IsDir() || seen[e.Name()] {
+				continue
+			}
+			owner, ok := OwnerPid(e.Name())
+			if !ok || processAlive(owner) {
+				continue
+			}
+			seen[e.Name()] = true
+			names = append(names, e.Name())
+		}
+	}
+	var errs []error
+	for _, name := range names {
+		g := &Group{m: m, name: name}
+		for _, parent := range m.dirs {
+			g.dirs = append(g.dirs, filepath.Join(parent, name))
+		}
+		if err := g.Kill(); err != nil {
+			errs = append(errs, err)
+		}
+		if err := g.Remove(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return names, errors.Join(errs...)
+}
+
+// OwnerPid parses the owner pid out of a group or directory name of the form
+// "<pid>-<anything>".
+func OwnerPid(name string) (int, bool) {
+	head, _, ok := strings.Cut(name, "-")
+	if !ok {
+		return 0, false
+	}
+	pid, err := strconv.Atoi(head)
+	return pid, err == nil && pid > 0
+}
+
+func processAlive(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}

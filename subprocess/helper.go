@@ -1,0 +1,249 @@
+package subprocess
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/landlock-lsm/go-landlock/landlock"
+	llsys "github.com/landlock-lsm/go-landlock/landlock/syscall"
+	"golang.org/x/sys/unix"
+
+	"github.com/moatsandbox/moat/internal/seccomp"
+)
+
+// The helper stage. moat re-executes its own binary (/proc/self/exe) with
+// argv[0] set to helperArg0 and the spec as JSON in argv[1]. The helper runs
+// as the init (PID 1) of a fresh PID namespace when moat is root: it joins
+// the run's cgroups, sets the rlimits, no_new_privs, Landlock and seccomp on
+// its own thread, starts python3 under the run's uid (the restrictions are
+// inherited across fork and exec), reaps every process of the namespace, and
+// reports python3's end on fd 3. When it exits, the kernel kills whatever is
+// left in the namespace, so nothing of the run outlives it.
+//
+// This runs in package init, before main, so that any binary importing this
+// package (moat itself, test binaries) can serve as the helper.
+
+const helperArg0 = "moat-sandbox-helper"
+
+// statusFD is the pipe on which the helper reports to moat.
+const statusFD = 3
+
+func init() {
+	if len(os.Args) == 2 && os.Args[0] == helperArg0 {
+		runtime.LockOSThread() // never unlocked: restrictions are per thread
+		os.Exit(helperMain(os.Args[1]))
+	}
+}
+
+// spec is everything the helper needs, decided by moat beforehand.
+type spec struct {
+	Python string   `json:"python"`
+	Args   []string `json:"args"` // python3's argv, argv[0] included
+	Env    []string `json:"env"`
+	Dir    string   `json:"dir"`
+	UID    int      `json:"uid"` // -1: keep moat's
+	GID    int      `json:"gid"`
+
+	Cgroups []string `json:"cgroups,omitempty"` // cgroup.procs files to join
+	Rlimits []rlimit `json:"rlimits,omitempty"` // set on the helper, inherited
+	// AddressSpace is RLIMIT_AS for python3 only (the Go helper itself
+	// would not survive it); 0 means none.
+	AddressSpace uint64 `json:"as,omitempty"`
+
+	NoNewPrivs bool      `json:"nnp,omitempty"`
+	Landlock   *lockSpec `json:"landlock,omitempty"`
+	Seccomp    bool      `json:"seccomp,omitempty"`
+}
+
+type rlimit struct {
+	Resource int    `json:"r"`
+	Cur      uint64 `json:"c"`
+	Max      uint64 `json:"m"`
+}
+
+type lockSpec struct {
+	ReadOnly  []string `json:"ro"`  // directories: read and execute
+	ReadFiles []string `json:"rof"` // single files: read
+	RWFiles   []string `json:"rwf"` // single files: read and write (/dev/null)
+	Work      string   `json:"work"`
+}
+
+// helperMain returns the helper's exit status.
+func helperMain(arg string) int {
+	status := os.NewFile(statusFD, "status")
+	if status == nil {
+		return 126
+	}
+	// python3 must not inherit the status pipe.
+	unix.CloseOnExec(statusFD)
+	fail := func(step string, err error) int {
+		fmt.Fprintf(status, "error %s: %v\n", step, err)
+		return 125
+	}
+	var sp spec
+	if err := json.Unmarshal([]byte(arg), &sp); err != nil {
+		return fail("spec", err)
+	}
+	for _, f := range sp.Cgroups {
+		if err := os.WriteFile(f, []byte("0"), 0); err != nil {
+			return fail("join cgroup", err)
+		}
+	}
+	for _, r := range sp.Rlimits {
+		if err := syscall.Setrlimit(r.Resource, &syscall.Rlimit{Cur: r.Cur, Max: r.Max}); err != nil {
+			return fail("setrlimit "+strconv.Itoa(r.Resource), err)
+		}
+	}
+	if sp.NoNewPrivs {
+		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+			return fail("no_new_privs", err)
+		}
+	}
+	if sp.Landlock != nil {
+		if err := restrictLandlock(sp.Landlock); err != nil {
+			return fail("landlock", err)
+		}
+	}
+	if sp.Seccomp {
+		prog, err := seccomp.Filter()
+		if err != nil {
+			return fail("seccomp", err)
+		}
+		if err := seccomp.Install(prog); err != nil {
+			return fail("seccomp", err)
+		}
+	}
+
+	attr := &syscall.ProcAttr{
+		Dir:   sp.Dir,
+		Env:   sp.Env,
+		Files: []uintptr{0, 1, 2},
+		Sys:   &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL},
+	}
+	if sp.UID >= 0 {
+		attr.Sys.Credential = &syscall.Credential{Uid: uint32(sp.UID), Gid: uint32(sp.GID), Groups: []uint32{}}
+	}
+	pid, err := startPython(sp, attr)
+	if err != nil {
+		return fail("start "+sp.Python, err)
+	}
+	// Reap every process that ends up ours (as PID 1 of the namespace,
+	// orphans are reparented to us) until python3 itself has ended.
+	for {
+		var ws syscall.WaitStatus
+		var ru syscall.Rusage
+		wpid, err := syscall.Wait4(-1, &ws, 0, &ru)
+		if errors.Is(err, syscall.EINTR) {
+			continue
+		}
+		if err != nil {
+			return fail("wait", err)
+		}
+		if wpid != pid {
+			continue
+		}
+		cpuMS := (ru.Utime.Nano() + ru.Stime.Nano()) / 1e6
+		switch {
+		case ws.Exited():
+			fmt.Fprintf(status, "exit %d %d\n", ws.ExitStatus(), cpuMS)
+		case ws.Signaled():
+			fmt.Fprintf(status, "signal %d %d\n", int(ws.Signal()), cpuMS)
+		default:
+			continue
+		}
+		return 0
+	}
+}
+
+// prlimit is util-linux's prlimit(1), which sets a limit on itself and
+// execs the command: the way to give python3 an RLIMIT_AS that the Go
+// helper itself would not survive.
+const prlimit = "/usr/bin/prlimit"
+
+// startPython forks and execs python3, through prlimit when an address
+// space limit is asked for.
+func startPython(sp spec, attr *syscall.ProcAttr) (int, error) {
+	if sp.AddressSpace == 0 {
+		return syscall.ForkExec(sp.Python, sp.Args, attr)
+	}
+	argv := append([]string{"prlimit", fmt.Sprintf("--as=%d:%d", sp.AddressSpace, sp.AddressSpace), "--", sp.Python}, sp.Args[1:]...)
+	return syscall.ForkExec(prlimit, argv, attr)
+}
+
+// workAccess is what the code may do in its working directory: everything
+// but executing files and making device nodes.
+const workAccess = llsys.AccessFSWriteFile | llsys.AccessFSReadFile | llsys.AccessFSReadDir |
+	llsys.AccessFSRemoveDir | llsys.AccessFSRemoveFile | llsys.AccessFSMakeDir |
+	llsys.AccessFSMakeReg | llsys.AccessFSMakeSock | llsys.AccessFSMakeFifo |
+	llsys.AccessFSMakeSym | llsys.AccessFSRefer | llsys.AccessFSTruncate
+
+// restrictLandlock enforces the ruleset on the calling thread; python3
+// inherits it. Every access right the kernel's ABI knows is handled, so
+// anything not granted below is denied: TCP bind and connect (ABI 4+) get no
+// rule at all, and abstract unix sockets and signals are scoped to the
+// sandbox (ABI 6+).
+func restrictLandlock(l *lockSpec) error {
+	abi, err := llsys.LandlockGetABIVersion()
+	if err != nil || abi < 1 {
+		return fmt.Errorf("landlock is not available in this kernel (abi %d): %v", abi, err)
+	}
+	rules := []landlock.Rule{
+		landlock.RODirs(l.ReadOnly...).IgnoreIfMissing(),
+		landlock.ROFiles(l.ReadFiles...).IgnoreIfMissing(),
+		landlock.RWFiles(l.RWFiles...).IgnoreIfMissing(),
+		landlock.PathAccess(workAccess, l.Work),
+	}
+	// BestEffort only drops what this kernel's ABI cannot express; the ABI
+	// floor above keeps the filesystem rules mandatory.
+	fd, flags, err := landlock.V7.BestEffort().NewRulesetFD(rules...)
+	if err != nil {
+		return err
+	}
+	if fd < 0 {
+		return errors.New("landlock ruleset is empty")
+	}
+	defer unix.Close(fd)
+	return llsys.LandlockRestrictSelf(fd, flags)
+}
+
+// parseStatus reads the helper's report.
+type helperStatus struct {
+	err      string // set-up failure, before python3 ran
+	exited   bool
+	code     int
+	signaled bool
+	signal   syscall.Signal
+	cpuMS    int64
+}
+
+func parseStatus(b []byte) (helperStatus, bool) {
+	line := strings.TrimSpace(string(b))
+	if line == "" {
+		return helperStatus{}, false
+	}
+	if rest, ok := strings.CutPrefix(line, "error "); ok {
+		return helperStatus{err: rest}, true
+	}
+	f := strings.Fields(line)
+	if len(f) != 3 {
+		return helperStatus{err: "unreadable helper status " + strconv.Quote(line)}, true
+	}
+	n, err1 := strconv.Atoi(f[1])
+	cpu, err2 := strconv.ParseInt(f[2], 10, 64)
+	if err1 != nil || err2 != nil {
+		return helperStatus{err: "unreadable helper status " + strconv.Quote(line)}, true
+	}
+	switch f[0] {
+	case "exit":
+		return helperStatus{exited: true, code: n, cpuMS: cpu}, true
+	case "signal":
+		return helperStatus{signaled: true, signal: syscall.Signal(n), cpuMS: cpu}, true
+	}
+	return helperStatus{err: "unreadable helper status " + strconv.Quote(line)}, true
+}

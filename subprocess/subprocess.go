@@ -1,0 +1,732 @@
+// Package subprocess is moat's lightest isolation level: each run is a fresh
+// python3 child process on the host kernel.
+//
+// With the default ("strict") hardening, which needs root, every run gets:
+//
+//   - a PID namespace whose init is moat's helper, so that the whole process
+//     tree dies with the run, double-forks and setsid included;
+//   - a per-run cgroup (v2, or the v1 memory and pids hierarchies) for the
+//     memory and process limits;
+//   - a dedicated unprivileged uid and gid from a configurable range, so that
+//     RLIMIT_NPROC holds and the invoking user's files are not readable;
+//   - a private working directory on a size-limited tmpfs (noexec, nosuid,
+//     nodev), its HOME, removed after the run;
+//   - rlimits for CPU time, file size, open files, processes and core dumps;
+//   - no_new_privs, Landlock (read-only system directories, read-write only
+//     the working directory, no TCP bind or connect, abstract unix sockets and
+//     signals scoped to the sandbox) and a seccomp filter that denies network
+//     sockets other than AF_UNIX and the dangerous system calls;
+//   - an empty environment (PATH, HOME, LANG only) and stdin from /dev/null.
+//
+// If any of these cannot be applied, [New] and [Sandbox.Run] return an error
+// wrapping [moat.ErrUnavailable]; the level never runs code with less.
+//
+// The "tutorial" hardening keeps only plain rlimits (CPU, RLIMIT_AS for
+// memory, file size, open files, core dumps), to reproduce the usual
+// tutorial's baseline for comparison. It is never chosen implicitly.
+//
+// The restrictions are applied between fork and exec by a helper stage: moat
+// re-executes its own binary, which this package intercepts in its init
+// function. Any binary that imports this package can therefore serve as the
+// helper, test binaries included.
+package subprocess
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	llsys "github.com/landlock-lsm/go-landlock/landlock/syscall"
+	"golang.org/x/sys/unix"
+
+	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/internal/capture"
+	"github.com/moatsandbox/moat/internal/cgroup"
+	"github.com/moatsandbox/moat/internal/seccomp"
+	"github.com/moatsandbox/moat/internal/uidpool"
+)
+
+// Hardening selects how much of the protection a run gets.
+type Hardening string
+
+const (
+	// HardeningStrict is every protection listed in the package doc. It is
+	// the default and needs root.
+	HardeningStrict Hardening = "strict"
+	// HardeningTutorial keeps only plain rlimits. It exists to show what
+	// the usual tutorial's sandbox lets through; never use it for real work.
+	HardeningTutorial Hardening = "tutorial"
+)
+
+// ParseHardening returns the profile named s ("" means strict).
+func ParseHardening(s string) (Hardening, error) {
+	switch Hardening(s) {
+	case "", HardeningStrict:
+		return HardeningStrict, nil
+	case HardeningTutorial:
+		return HardeningTutorial, nil
+	}
+	return "", fmt.Errorf("subprocess: unknown hardening %q (strict or tutorial): %w", s, moat.ErrInvalid)
+}
+
+// Config configures a subprocess sandbox. The zero value is the safe
+// default.
+type Config struct {
+	// Limits bound each run. Zero fields mean moat's defaults.
+	Limits moat.Limits `json:"limits"`
+	// Hardening is the protection profile. Zero means strict.
+	Hardening Hardening `json:"hardening,omitempty"`
+	// Python is the interpreter to run. Zero means the first of
+	// /usr/bin/python3 and /usr/local/bin/python3; moat's own PATH is never
+	// searched. It must be readable and executable by the sandbox uids.
+	Python string `json:"python,omitempty"`
+	// RunDir holds the runs' working directories. Zero means /run/moat when
+	// moat is root, else a directory under os.TempDir().
+	RunDir string `json:"run_dir,omitempty"`
+	// UIDFirst and UIDCount are the range of uids (and gids of the same
+	// number) given to runs, one per concurrent run, when moat is root.
+	// Zero means 2100000000 and 65536. No user of the host should own a uid
+	// in this range.
+	UIDFirst int `json:"uid_first,omitempty"`
+	UIDCount int `json:"uid_count,omitempty"`
+	// Logger receives a line per run at debug level and set-up facts at
+	// info level. Nil means discard.
+	Logger *slog.Logger `json:"-"`
+}
+
+// Validate reports whether c is usable; the error wraps moat.ErrInvalid.
+func (c Config) Validate() error {
+	if err := c.Limits.Validate(); err != nil {
+		return err
+	}
+	if _, err := ParseHardening(string(c.Hardening)); err != nil {
+		return err
+	}
+	if c.UIDFirst < 0 || c.UIDCount < 0 || (c.UIDFirst != 0 && c.UIDFirst < 1000) {
+		return fmt.Errorf("subprocess: uid range %d+%d must lie above the system's users: %w", c.UIDFirst, c.UIDCount, moat.ErrInvalid)
+	}
+	if c.Python != "" && !filepath.IsAbs(c.Python) {
+		return fmt.Errorf("subprocess: python %q must be an absolute path: %w", c.Python, moat.ErrInvalid)
+	}
+	return nil
+}
+
+// Sandbox is the subprocess level. It is safe for concurrent use.
+type Sandbox struct {
+	cfg     Config
+	limits  moat.Limits
+	strict  bool
+	root    bool
+	python  string
+	runsDir string
+	cg      *cgroup.Manager // strict only
+	uids    *uidpool.Pool   // strict only
+	notes   []string
+	log     *slog.Logger
+
+	mu     sync.Mutex
+	closed bool
+	runs   sync.WaitGroup
+}
+
+var _ moat.Sandbox = (*Sandbox)(nil)
+
+// pythonCandidates are tried in order when Config.Python is empty.
+var pythonCandidates = []string{"/usr/bin/python3", "/usr/local/bin/python3"}
+
+// readOnlyDirs are the system directories the code may read and execute
+// from; everything else of the host is invisible to it.
+var readOnlyDirs = []string{"/usr", "/bin", "/lib", "/lib64", "/lib32", "/libx32", "/etc/python3", "/etc/ssl", "/etc/ca-certificates"}
+
+// readOnlyFiles are single system files Python and its libraries read.
+var readOnlyFiles = []string{"/etc/ld.so.cache", "/etc/localtime", "/etc/mime.types", "/dev/urandom", "/dev/random"}
+
+// rwFiles are device files the code may write to.
+var rwFiles = []string{"/dev/null", "/dev/zero", "/dev/full"}
+
+// New checks that every protection of cfg's profile can be applied here,
+// reaps what earlier moat processes that died left behind, and returns the
+// sandbox. It returns an error wrapping moat.ErrUnavailable when a
+// protection cannot be had.
+func New(cfg Config) (*Sandbox, error) {
+	s, err := prepare(cfg)
+	if err != nil {
+		return nil, err
+	}
+	s.reap()
+	return s, nil
+}
+
+// Check says whether a sandbox with cfg can run here, without reaping or
+// keeping anything.
+func Check(cfg Config) moat.Availability {
+	a := moat.Availability{Level: moat.LevelSubprocess}
+	s, err := prepare(cfg)
+	if err != nil {
+		var ue *moat.UnavailableError
+		if errors.As(err, &ue) {
+			a.Reason, a.Remedy = ue.Reason, ue.Remedy
+			if ue.Err != nil {
+				a.Reason += ": " + ue.Err.Error()
+			}
+		} else {
+			a.Reason = err.Error()
+		}
+		return a
+	}
+	a.Available = true
+	a.Reason = strings.Join(s.notes, "; ")
+	a.Details = s.details()
+	return a
+}
+
+func (s *Sandbox) details() []string {
+	d := []string{"python: " + s.python, "hardening: " + string(s.cfg.Hardening)}
+	if s.strict {
+		abi, _ := llsys.LandlockGetABIVersion()
+		d = append(d,
+			fmt.Sprintf("cgroup: v%d (memory, pids)", s.cg.Version()),
+			fmt.Sprintf("landlock: ABI %d", abi),
+			"seccomp: filter installed per run",
+			fmt.Sprintf("uids: %d-%d", s.cfg.UIDFirst, s.cfg.UIDFirst+s.cfg.UIDCount-1))
+	}
+	return d
+}
+
+func unavailable(reason, remedy string, err error) error {
+	return &moat.UnavailableError{Level: moat.LevelSubprocess, Reason: reason, Remedy: remedy, Err: err}
+}
+
+// prepare validates cfg and probes the host, without side effects beyond
+// creating moat's own directories.
+func prepare(cfg Config) (*Sandbox, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.Hardening, _ = ParseHardening(string(cfg.Hardening))
+	if cfg.UIDFirst == 0 {
+		cfg.UIDFirst = 2100000000
+	}
+	if cfg.UIDCount == 0 {
+		cfg.UIDCount = 65536
+	}
+	s := &Sandbox{
+		cfg:    cfg,
+		limits: cfg.Limits.WithDefaults(),
+		strict: cfg.Hardening == HardeningStrict,
+		root:   os.Geteuid() == 0,
+		log:    cfg.Logger,
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	python, err := findPython(cfg.Python)
+	if err != nil {
+		return nil, err
+	}
+	s.python = python
+
+	runDir := cfg.RunDir
+	if runDir == "" {
+		if s.root {
+			runDir = "/run/moat"
+		} else {
+			runDir = filepath.Join(os.TempDir(), fmt.Sprintf("moat-%d", os.Getuid()))
+		}
+	}
+	s.runsDir = filepath.Join(runDir, "runs")
+	// 0711: the sandbox uids may pass through to their own directory but
+	// not list the others.
+	for _, d := range []string{runDir, s.runsDir} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return nil, unavailable("cannot create the run directory "+d, "set run_dir to a writable directory", err)
+		}
+		if err := os.Chmod(d, 0o711); err != nil {
+			return nil, unavailable("cannot set the mode of "+d, "", err)
+		}
+	}
+
+	if !s.strict {
+		if _, err := os.Stat(prlimit); err != nil {
+			return nil, unavailable("tutorial hardening needs "+prlimit+" to set RLIMIT_AS", "install util-linux", err)
+		}
+		s.notes = append(s.notes, "hardening=tutorial: plain rlimits only (no dedicated uid, cgroups, Landlock, seccomp or disk limit)")
+		if !s.root {
+			s.notes = append(s.notes, fmt.Sprintf("not root: runs as the invoking uid %d", os.Getuid()))
+			if !userNamespacesWork() {
+				return nil, unavailable("not root and user namespaces are disabled, so the process tree of a run cannot be contained",
+					"run as root, or enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1)", nil)
+			}
+		}
+		return s, nil
+	}
+
+	if !s.root {
+		return nil, unavailable(fmt.Sprintf("not root (uid %d): strict hardening needs root for per-run uids, cgroups and a size-limited working directory", os.Getuid()),
+			"run moat as root, or choose --hardening=tutorial explicitly to run with plain rlimits only", nil)
+	}
+	if abi, err := llsys.LandlockGetABIVersion(); err != nil || abi < 1 {
+		return nil, unavailable("the kernel has no Landlock", "use a kernel >= 5.13 with Landlock enabled (CONFIG_SECURITY_LANDLOCK, lsm=...,landlock)", err)
+	}
+	if _, err := seccomp.Filter(); err != nil {
+		return nil, unavailable("no seccomp filter for this architecture", "", err)
+	}
+	if mode, err := unix.PrctlRetInt(unix.PR_GET_SECCOMP, 0, 0, 0, 0); err != nil || mode != 0 {
+		if err != nil {
+			return nil, unavailable("the kernel has no seccomp", "use a kernel with CONFIG_SECCOMP_FILTER", err)
+		}
+	}
+	cg, err := cgroup.Detect("moat")
+	if err != nil {
+		return nil, unavailable("no usable memory and pids cgroup controllers", "mount cgroup v2 with memory and pids enabled, or the v1 memory and pids hierarchies", err)
+	}
+	s.cg = cg
+	uids, err := uidpool.New(cfg.UIDFirst, cfg.UIDCount, filepath.Join(runDir, "uids"))
+	if err != nil {
+		return nil, unavailable("cannot set up the uid pool", "", err)
+	}
+	s.uids = uids
+	if err := othersCanExecute(s.python); err != nil {
+		return nil, unavailable("the sandbox uids cannot run "+s.python, "install python3 from the system's packages or set python to an interpreter outside private home directories", err)
+	}
+	return s, nil
+}
+
+func findPython(p string) (string, error) {
+	cands := pythonCandidates
+	if p != "" {
+		cands = []string{p}
+	}
+	for _, c := range cands {
+		if st, err := os.Stat(c); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+			return c, nil
+		}
+	}
+	return "", unavailable("python3 not found (tried "+strings.Join(cands, ", ")+")", "install python3 (apt-get install python3) or set python", nil)
+}
+
+// othersCanExecute checks that a uid with no relation to the file's owner
+// can reach and execute path (after symlinks).
+func othersCanExecute(path string) error {
+	real, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return err
+	}
+	st, err := os.Stat(real)
+	if err != nil {
+		return err
+	}
+	if st.Mode()&0o005 != 0o005 {
+		return fmt.Errorf("%s is mode %v", real, st.Mode().Perm())
+	}
+	for dir := filepath.Dir(real); ; dir = filepath.Dir(dir) {
+		st, err := os.Stat(dir)
+		if err != nil {
+			return err
+		}
+		if st.Mode()&0o001 == 0 {
+			return fmt.Errorf("directory %s is mode %v", dir, st.Mode().Perm())
+		}
+		if dir == "/" {
+			return nil
+		}
+	}
+}
+
+// userNamespacesWork probes, with a trivial child, whether this user may
+// create a user and PID namespace.
+func userNamespacesWork() bool {
+	pid, err := syscall.ForkExec("/bin/true", []string{"true"}, &syscall.ProcAttr{
+		Env: []string{},
+		Sys: &syscall.SysProcAttr{
+			Cloneflags:  syscall.CLONE_NEWUSER | syscall.CLONE_NEWPID,
+			UidMappings: []syscall.SysProcIDMap{{ContainerID: os.Getuid(), HostID: os.Getuid(), Size: 1}},
+			GidMappings: []syscall.SysProcIDMap{{ContainerID: os.Getgid(), HostID: os.Getgid(), Size: 1}},
+		},
+	})
+	if err != nil {
+		return false
+	}
+	var ws syscall.WaitStatus
+	syscall.Wait4(pid, &ws, 0, nil)
+	return ws.Exited() && ws.ExitStatus() == 0
+}
+
+// reap removes what moat processes that are no longer alive left behind:
+// working directories (unmounting their tmpfs) and cgroups.
+func (s *Sandbox) reap() {
+	entries, _ := os.ReadDir(s.runsDir)
+	for _, e := range entries {
+		owner, ok := cgroup.OwnerPid(e.Name())
+		if !ok || syscall.Kill(owner, 0) == nil || owner == os.Getpid() {
+			continue
+		}
+		dir := filepath.Join(s.runsDir, e.Name())
+		unix.Unmount(dir, unix.MNT_DETACH)
+		if err := os.RemoveAll(dir); err != nil {
+			s.log.Warn("subprocess: reap leftover directory", "dir", dir, "err", err)
+		} else {
+			s.log.Info("subprocess: reaped leftover directory", "dir", dir)
+		}
+	}
+	if s.cg != nil {
+		names, err := s.cg.Reap()
+		if len(names) > 0 {
+			s.log.Info("subprocess: reaped leftover cgroups", "groups", names)
+		}
+		if err != nil {
+			s.log.Warn("subprocess: reap leftover cgroups", "err", err)
+		}
+	}
+}
+
+// Level returns moat.LevelSubprocess.
+func (s *Sandbox) Level() moat.Level { return moat.LevelSubprocess }
+
+// Limits returns the limits every run gets, defaults filled in.
+func (s *Sandbox) Limits() moat.Limits { return s.limits }
+
+// Close makes later runs fail with moat.ErrClosed and waits for runs in
+// progress. It is safe to call more than once.
+func (s *Sandbox) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.runs.Wait()
+	return nil
+}
+
+// Run runs req.Code under python3; see moat.Sandbox for the contract.
+func (s *Sandbox) Run(ctx context.Context, req moat.Request) (*moat.Result, error) {
+	if len(req.Code) == 0 {
+		return nil, fmt.Errorf("subprocess: empty code: %w", moat.ErrInvalid)
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("subprocess: %w", moat.ErrClosed)
+	}
+	s.runs.Add(1)
+	s.mu.Unlock()
+	defer s.runs.Done()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	r := &run{s: s, req: req}
+	defer r.cleanup()
+	res, err := r.do(ctx)
+	if err == nil {
+		s.log.Debug("subprocess: run", "id", r.id, "duration", res.Duration, "exit", res.ExitCode, "reason", res.Reason)
+	}
+	return res, err
+}
+
+// run is the state of one Run, released by cleanup in reverse order.
+type run struct {
+	s     *Sandbox
+	req   moat.Request
+	id    string
+	start time.Time
+
+	dir     string
+	mounted bool
+	lease   *uidpool.Lease
+	group   *cgroup.Group
+}
+
+func (r *run) do(ctx context.Context) (*moat.Result, error) {
+	s := r.s
+	r.start = time.Now()
+	var rnd [8]byte
+	rand.Read(rnd[:])
+	r.id = fmt.Sprintf("%d-%s", os.Getpid(), hex.EncodeToString(rnd[:]))
+	lim := s.limits
+
+	uid, gid := -1, -1
+	if s.strict {
+		lease, err := s.uids.Acquire()
+		if err != nil {
+			return nil, fmt.Errorf("subprocess: %w", err)
+		}
+		r.lease = lease
+		uid, gid = lease.UID, lease.UID
+	}
+
+	// The working directory.
+	r.dir = filepath.Join(s.runsDir, r.id)
+	if err := os.Mkdir(r.dir, 0o700); err != nil {
+		return nil, fmt.Errorf("subprocess: %w", err)
+	}
+	if s.strict {
+		inodes := int64(lim.Disk / (4 * moat.KiB))
+		if inodes < 64 {
+			inodes = 64
+		}
+		opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0700,uid=%d,gid=%d", int64(lim.Disk), inodes, uid, gid)
+		if err := unix.Mount("tmpfs", r.dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, opts); err != nil {
+			return nil, unavailable("cannot mount the size-limited working directory", "", err)
+		}
+		r.mounted = true
+	}
+	// The code goes in a file: argv cannot carry NUL bytes, and stdin is
+	// the code's own, empty.
+	codePath := filepath.Join(r.dir, ".moat-main.py")
+	if err := os.WriteFile(codePath, r.req.Code, 0o400); err != nil {
+		if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EFBIG) {
+			return nil, fmt.Errorf("subprocess: code of %d bytes does not fit in the %v working directory: %w", len(r.req.Code), lim.Disk, moat.ErrInvalid)
+		}
+		return nil, fmt.Errorf("subprocess: %w", err)
+	}
+	if uid >= 0 {
+		if err := os.Chown(codePath, uid, gid); err != nil {
+			return nil, fmt.Errorf("subprocess: %w", err)
+		}
+	}
+
+	sp := spec{
+		Python: s.python,
+		Args:   []string{"python3", codePath},
+		Env:    []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + r.dir, "LANG=C.UTF-8"},
+		Dir:    r.dir,
+		UID:    uid,
+		GID:    gid,
+	}
+	cpu := uint64(time.Duration(lim.CPUTime).Seconds())
+	sp.Rlimits = []rlimit{
+		// SIGXCPU at the limit, SIGKILL a second later for code that
+		// ignores it.
+		{unix.RLIMIT_CPU, cpu, cpu + 1},
+		{unix.RLIMIT_FSIZE, uint64(lim.FileSize), uint64(lim.FileSize)},
+		{unix.RLIMIT_NOFILE, uint64(lim.OpenFiles), uint64(lim.OpenFiles)},
+		{unix.RLIMIT_CORE, 0, 0},
+	}
+	if s.strict {
+		group, err := s.cg.New(r.id, cgroup.Limits{Memory: int64(lim.Memory), Pids: int64(lim.Pids)})
+		if err != nil {
+			return nil, unavailable("cannot create the run's cgroup", "", err)
+		}
+		r.group = group
+		sp.Cgroups = group.ProcsFiles()
+		// The uid is the run's own, so RLIMIT_NPROC counts this run only.
+		sp.Rlimits = append(sp.Rlimits, rlimit{unix.RLIMIT_NPROC, uint64(lim.Pids), uint64(lim.Pids)})
+		sp.NoNewPrivs = true
+		sp.Seccomp = true
+		sp.Landlock = &lockSpec{
+			ReadOnly:  append(append([]string{}, readOnlyDirs...), pythonPrefix(s.python)...),
+			ReadFiles: readOnlyFiles,
+			RWFiles:   rwFiles,
+			Work:      r.dir,
+		}
+	} else {
+		// The tutorial's memory limit: address space, per process.
+		sp.AddressSpace = uint64(lim.Memory)
+	}
+	arg, err := json.Marshal(sp)
+	if err != nil {
+		return nil, fmt.Errorf("subprocess: %w", err)
+	}
+	return r.exec(ctx, arg)
+}
+
+// pythonPrefix returns the installation prefix of an interpreter that lives
+// outside the standard read-only directories, so that it can load its
+// standard library.
+func pythonPrefix(python string) []string {
+	real, err := filepath.EvalSymlinks(python)
+	if err != nil {
+		return nil
+	}
+	for _, d := range readOnlyDirs {
+		if strings.HasPrefix(real, d+"/") {
+			return nil
+		}
+	}
+	return []string{filepath.Dir(filepath.Dir(real))}
+}
+
+// exec starts the helper and waits for the run to end.
+func (r *run) exec(ctx context.Context, arg []byte) (*moat.Result, error) {
+	s, lim := r.s, r.s.limits
+	statusR, statusW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("subprocess: %w", err)
+	}
+	defer statusR.Close()
+
+	runCtx, cancel := context.WithTimeout(ctx, time.Duration(lim.WallTime))
+	defer cancel()
+	stdout := capture.New(int64(lim.Output), r.req.Stdout)
+	stderr := capture.New(int64(lim.Output), r.req.Stderr)
+	cmd := exec.CommandContext(runCtx, "/proc/self/exe")
+	cmd.Args = []string{helperArg0, string(arg)}
+	cmd.Env = []string{} // nothing of moat's environment
+	cmd.Dir = "/"
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	cmd.ExtraFiles = []*os.File{statusW}
+	cmd.WaitDelay = time.Second
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if s.root {
+		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWPID
+	} else {
+		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWUSER | syscall.CLONE_NEWPID
+		cmd.SysProcAttr.UidMappings = []syscall.SysProcIDMap{{ContainerID: os.Getuid(), HostID: os.Getuid(), Size: 1}}
+		cmd.SysProcAttr.GidMappings = []syscall.SysProcIDMap{{ContainerID: os.Getgid(), HostID: os.Getgid(), Size: 1}}
+	}
+	// Killing the helper, init of the run's PID namespace, kills every
+	// process of the run.
+	cmd.Cancel = func() error { return cmd.Process.Kill() }
+
+	err = cmd.Start()
+	statusW.Close()
+	if err != nil {
+		return nil, unavailable("cannot start the sandbox helper", "", err)
+	}
+	waitErr := cmd.Wait()
+	end := time.Now()
+	statusBytes, _ := io.ReadAll(io.LimitReader(statusR, 4096))
+	st, reported := parseStatus(statusBytes)
+	if reported && st.err != "" {
+		return nil, fmt.Errorf("subprocess: sandbox set-up failed, nothing ran: %s: %w", st.err, moat.ErrUnavailable)
+	}
+	if r.group != nil {
+		// The namespace is gone with its init; this only makes sure.
+		if err := r.group.Kill(); err != nil {
+			return nil, fmt.Errorf("subprocess: %w", err)
+		}
+	}
+
+	res := &moat.Result{
+		Level:     moat.LevelSubprocess,
+		Stdout:    stdout.Bytes(),
+		Stderr:    stderr.Bytes(),
+		Truncated: stdout.Truncated() || stderr.Truncated(),
+		Notes:     s.notes,
+	}
+	killedByUs := !reported
+	switch {
+	case st.exited:
+		res.ExitCode = st.code
+	case st.signaled:
+		res.ExitCode = 128 + int(st.signal)
+		res.Signal = unix.SignalName(st.signal)
+	default:
+		if !killedByUs || runCtx.Err() == nil {
+			return nil, fmt.Errorf("subprocess: helper ended without a report: %v: %s: %w", waitErr, tail(stderr.Bytes(), 512), moat.ErrUnavailable)
+		}
+		res.ExitCode = 128 + int(syscall.SIGKILL)
+		res.Signal = unix.SignalName(syscall.SIGKILL)
+	}
+
+	var events cgroup.Events
+	if r.group != nil {
+		events = r.group.Events()
+	}
+	cpuLimitMS := time.Duration(lim.CPUTime).Milliseconds()
+	switch {
+	case killedByUs && ctx.Err() != nil:
+		res.Reason = moat.ReasonCanceled
+	case killedByUs:
+		res.Reason = moat.ReasonTimeout
+	case st.signaled && (st.signal == syscall.SIGXCPU || (st.signal == syscall.SIGKILL && st.cpuMS >= cpuLimitMS)):
+		res.Reason = moat.ReasonTimeout
+	case events.OOMKill || (!s.strict && memoryErrorAtEnd(res.Stderr)):
+		res.Reason = moat.ReasonMemory
+	case events.PidsMax:
+		res.Reason = moat.ReasonPids
+	case r.fileAtLimit(int64(lim.FileSize)):
+		res.Reason = moat.ReasonFileSize
+	case r.mounted && r.diskFull():
+		res.Reason = moat.ReasonDisk
+	case res.Truncated:
+		res.Reason = moat.ReasonOutput
+	case st.signaled:
+		res.Reason = moat.ReasonSignal
+	}
+	res.Duration = end.Sub(r.start)
+	return res, nil
+}
+
+// memoryErrorAtEnd reports whether Python ended on a MemoryError, which is
+// how RLIMIT_AS shows (tutorial hardening only; the code could print it).
+func memoryErrorAtEnd(stderr []byte) bool {
+	lines := bytes.Split(bytes.TrimRight(stderr, "\n"), []byte("\n"))
+	return len(lines) > 0 && bytes.HasPrefix(lines[len(lines)-1], []byte("MemoryError"))
+}
+
+// fileAtLimit reports whether the run left a file that reached the file
+// size limit: the host-side trace of RLIMIT_FSIZE (Python ignores SIGXFSZ
+// and gets EFBIG instead).
+func (r *run) fileAtLimit(limit int64) bool {
+	found := false
+	filepath.WalkDir(r.dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || found {
+			return filepath.SkipDir
+		}
+		if d.Type().IsRegular() {
+			if info, err := d.Info(); err == nil && info.Size() >= limit {
+				found = true
+				return filepath.SkipAll
+			}
+		}
+		return nil
+	})
+	return found
+}
+
+// diskFull reports whether the working directory's tmpfs ran out of blocks
+// or inodes.
+func (r *run) diskFull() bool {
+	var st unix.Statfs_t
+	if err := unix.Statfs(r.dir, &st); err != nil {
+		return false
+	}
+	return st.Bavail == 0 || st.Ffree == 0
+}
+
+// cleanup releases everything of the run. Errors are logged: the result is
+// already decided, and what fails here is reaped by the next New.
+func (r *run) cleanup() {
+	if r.group != nil {
+		if err := r.group.Kill(); err != nil {
+			r.s.log.Warn("subprocess: cleanup", "id", r.id, "err", err)
+		}
+		if err := r.group.Remove(); err != nil {
+			r.s.log.Warn("subprocess: cleanup", "id", r.id, "err", err)
+		}
+	}
+	if r.dir != "" {
+		if r.mounted {
+			if err := unix.Unmount(r.dir, unix.MNT_DETACH); err != nil {
+				r.s.log.Warn("subprocess: cleanup", "id", r.id, "err", err)
+			}
+		}
+		if err := os.RemoveAll(r.dir); err != nil {
+			r.s.log.Warn("subprocess: cleanup", "id", r.id, "err", err)
+		}
+	}
+	if r.lease != nil {
+		r.lease.Release()
+	}
+}
+
+// tail returns the last n bytes of b, for error messages.
+func tail(b []byte, n int) string {
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return strings.ToValidUTF8(string(bytes.TrimSpace(b)), "?")
+}
