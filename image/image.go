@@ -1,0 +1,312 @@
+// Package image builds the sandbox root filesystem that every isolation level
+// above subprocess shares: a minimal Debian with python3, made from Debian's
+// packages with debootstrap (no container registry involved), kept in moat's
+// state directory and imported into Docker as a tagged image.
+//
+// The root filesystem is content-addressed: its key is a hash of everything
+// that decides what goes into it (the recipe version, the suite, the package
+// list, the mirror, the architecture). Building twice with the same inputs
+// does nothing the second time and says so. Nothing of the host goes into
+// it: files that debootstrap copies from the host (resolv.conf, hostname) are
+// replaced, the apt sources (which may hold a mirror's credentials) are
+// removed, and the build fails if /root or /home hold anything or a key file
+// is found.
+//
+// Consumers: the container level uses the Docker image ([Config.Tag]); the
+// gvisor and microvm levels read the directory at [Path] and must treat it
+// as read-only, giving each run its own view (an overlay, a copy, a disk
+// image made from it).
+//
+// Layout of the state directory:
+//
+//	STATE/images/KEY/rootfs       the root filesystem (complete when present)
+//	STATE/images/KEY/image.json   what was built, from what, when, how big
+//	STATE/images/KEY.lock         serializes builds of one key
+package image
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+)
+
+// RecipeVersion names the way the root filesystem is made from its packages
+// (what is stripped, what is fixed up). Changing the recipe changes it, so
+// that every key changes and images are rebuilt.
+const RecipeVersion = "1"
+
+// DefaultRepository is the Docker repository the image is imported as.
+const DefaultRepository = "moat-sandbox"
+
+// Python is the interpreter's path inside the image.
+const Python = "/usr/bin/python3"
+
+// WorkDir is the directory inside the image meant as the run's working
+// directory. It is empty in the image; levels mount a fresh, size-limited
+// filesystem over it.
+const WorkDir = "/work"
+
+// Config says what to build and where to keep it. The zero value builds
+// Debian 12 (bookworm) with python3 from the mirror this machine's apt uses,
+// into the default state directory.
+type Config struct {
+	// StateDir is moat's state directory. Zero means [DefaultStateDir].
+	StateDir string `json:"state_dir,omitempty"`
+	// Suite is the Debian suite. Zero means "bookworm".
+	Suite string `json:"suite,omitempty"`
+	// Packages are installed on top of debootstrap's minbase variant,
+	// without their Recommends. Zero means python3 only.
+	Packages []string `json:"packages,omitempty"`
+	// Mirror is the Debian mirror to install from. Zero means the first
+	// mirror that this machine's apt sources list for Suite, or
+	// http://deb.debian.org/debian when they list none.
+	Mirror string `json:"mirror,omitempty"`
+	// Repository is the Docker repository the image is tagged in. Zero
+	// means "moat-sandbox"; the tag is the key's first 12 hex digits.
+	Repository string `json:"repository,omitempty"`
+
+	// Force rebuilds the root filesystem and re-imports it even when it is
+	// cached.
+	Force bool `json:"-"`
+	// Progress receives one line per step of the build. Nil means discard.
+	Progress io.Writer `json:"-"`
+	// Logger receives debug logs. Nil means discard.
+	Logger *slog.Logger `json:"-"`
+}
+
+// DefaultStateDir returns moat's state directory: /var/lib/moat for root;
+// otherwise $XDG_STATE_HOME/moat, or ~/.local/state/moat.
+func DefaultStateDir() string {
+	if os.Geteuid() == 0 {
+		return "/var/lib/moat"
+	}
+	if d := os.Getenv("XDG_STATE_HOME"); filepath.IsAbs(d) {
+		return filepath.Join(d, "moat")
+	}
+	if home, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(home, ".local", "state", "moat")
+	}
+	return filepath.Join(os.TempDir(), "moat-state")
+}
+
+// WithDefaults returns c with every zero field filled in.
+func (c Config) WithDefaults() Config {
+	if c.StateDir == "" {
+		c.StateDir = DefaultStateDir()
+	}
+	if c.Suite == "" {
+		c.Suite = "bookworm"
+	}
+	if len(c.Packages) == 0 {
+		c.Packages = []string{"python3"}
+	}
+	if c.Mirror == "" {
+		c.Mirror = SystemMirror(c.Suite)
+	}
+	if c.Repository == "" {
+		c.Repository = DefaultRepository
+	}
+	return c
+}
+
+// Validate reports whether c can be built.
+func (c Config) Validate() error {
+	c = c.WithDefaults()
+	if !filepath.IsAbs(c.StateDir) {
+		return fmt.Errorf("image: state dir %q is not an absolute path", c.StateDir)
+	}
+	if !validName(c.Suite) {
+		return fmt.Errorf("image: suite %q is not a Debian suite name", c.Suite)
+	}
+	for _, p := range c.Packages {
+		if !validName(p) {
+			return fmt.Errorf("image: package %q is not a Debian package name", p)
+		}
+	}
+	if !strings.HasPrefix(c.Mirror, "http://") && !strings.HasPrefix(c.Mirror, "https://") && !strings.HasPrefix(c.Mirror, "file:/") {
+		return fmt.Errorf("image: mirror %q is not an http, https or file URL", c.Mirror)
+	}
+	if !validName(c.Repository) || strings.ToLower(c.Repository) != c.Repository {
+		return fmt.Errorf("image: repository %q is not a lowercase Docker repository name", c.Repository)
+	}
+	return nil
+}
+
+func validName(s string) bool {
+	if s == "" || s[0] == '-' {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("+-._", r)) {
+			return false
+		}
+	}
+	return true
+}
+
+// Arch is the Debian architecture of this machine.
+func Arch() string {
+	switch runtime.GOARCH {
+	case "386":
+		return "i386"
+	case "arm":
+		return "armhf"
+	}
+	return runtime.GOARCH // amd64, arm64, ppc64le, s390x, riscv64 match
+}
+
+// Key returns the hex sha256 that names the root filesystem c builds: a
+// hash of the recipe version, the architecture, the suite, the sorted
+// package list and the mirror.
+func (c Config) Key() string {
+	c = c.WithDefaults()
+	pkgs := slices.Clone(c.Packages)
+	slices.Sort(pkgs)
+	pkgs = slices.Compact(pkgs)
+	h := sha256.New()
+	fmt.Fprintf(h, "moat-image\nrecipe=%s\narch=%s\nvariant=minbase\nsuite=%s\npackages=%s\nmirror=%s\n",
+		RecipeVersion, Arch(), c.Suite, strings.Join(pkgs, ","), strings.TrimRight(c.Mirror, "/"))
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// Tag returns the Docker reference the image is imported as, e.g.
+// "moat-sandbox:3f2a9c0b1d4e".
+func (c Config) Tag() string {
+	c = c.WithDefaults()
+	return c.Repository + ":" + c.Key()[:12]
+}
+
+// Dir returns the directory that holds the root filesystem and its record.
+func (c Config) Dir() string {
+	c = c.WithDefaults()
+	return filepath.Join(c.StateDir, "images", c.Key())
+}
+
+// Path returns the root filesystem's directory. It is complete when it
+// exists (builds happen elsewhere and are renamed into place). Consumers
+// must not write to it.
+func Path(c Config) string { return filepath.Join(c.Dir(), "rootfs") }
+
+// Record is what image.json says about a built root filesystem.
+type Record struct {
+	Key           string    `json:"key"`
+	Recipe        string    `json:"recipe"`
+	Arch          string    `json:"arch"`
+	Suite         string    `json:"suite"`
+	Packages      []string  `json:"packages"`
+	Mirror        string    `json:"mirror"`
+	BuiltAt       time.Time `json:"built_at"`
+	BuildSeconds  float64   `json:"build_seconds"`
+	Size          int64     `json:"size_bytes"`
+	Files         int       `json:"files"`
+	PythonVersion string    `json:"python_version,omitempty"`
+}
+
+func readRecord(dir string) (*Record, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "image.json"))
+	if err != nil {
+		return nil, err
+	}
+	var r Record
+	if err := jsonUnmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("image: %s: %w", filepath.Join(dir, "image.json"), err)
+	}
+	return &r, nil
+}
+
+// SystemMirror returns the first Debian mirror that this machine's apt
+// sources (/etc/apt/sources.list, /etc/apt/sources.list.d/*.list and
+// *.sources) list for suite with type deb, or http://deb.debian.org/debian.
+func SystemMirror(suite string) string {
+	return systemMirror("/etc/apt", suite)
+}
+
+func systemMirror(aptDir, suite string) string {
+	const fallback = "http://deb.debian.org/debian"
+	files := []string{filepath.Join(aptDir, "sources.list")}
+	lists, _ := filepath.Glob(filepath.Join(aptDir, "sources.list.d", "*.list"))
+	srcs, _ := filepath.Glob(filepath.Join(aptDir, "sources.list.d", "*.sources"))
+	files = append(files, lists...)
+	files = append(files, srcs...)
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		var m string
+		if strings.HasSuffix(f, ".sources") {
+			m = mirrorDeb822(string(b), suite)
+		} else {
+			m = mirrorOneLine(string(b), suite)
+		}
+		if m != "" {
+			return strings.TrimRight(m, "/")
+		}
+	}
+	return fallback
+}
+
+// mirrorOneLine reads "deb [opts] URI SUITE COMPONENTS..." lines.
+func mirrorOneLine(text, suite string) string {
+	for _, line := range strings.Split(text, "\n") {
+		line, _, _ = strings.Cut(line, "#")
+		f := strings.Fields(line)
+		if len(f) < 3 || f[0] != "deb" {
+			continue
+		}
+		f = f[1:]
+		if strings.HasPrefix(f[0], "[") { // options, possibly spread over fields
+			for len(f) > 0 && !strings.HasSuffix(f[0], "]") {
+				f = f[1:]
+			}
+			if len(f) == 0 {
+				continue
+			}
+			f = f[1:]
+		}
+		if len(f) >= 2 && f[1] == suite {
+			return f[0]
+		}
+	}
+	return ""
+}
+
+// mirrorDeb822 reads stanzas of "Types:", "URIs:", "Suites:" fields.
+func mirrorDeb822(text, suite string) string {
+	for _, stanza := range strings.Split(strings.ReplaceAll(text, "\r\n", "\n"), "\n\n") {
+		fields := map[string][]string{}
+		sc := bufio.NewScanner(strings.NewReader(stanza))
+		for sc.Scan() {
+			line := sc.Text()
+			if strings.HasPrefix(line, "#") {
+				continue
+			}
+			k, v, ok := strings.Cut(line, ":")
+			if !ok || strings.HasPrefix(line, " ") {
+				continue
+			}
+			fields[strings.ToLower(strings.TrimSpace(k))] = strings.Fields(v)
+		}
+		if strings.EqualFold(strings.Join(fields["enabled"], ""), "no") {
+			continue
+		}
+		if !slices.Contains(fields["types"], "deb") || !slices.Contains(fields["suites"], suite) || len(fields["uris"]) == 0 {
+			continue
+		}
+		return fields["uris"][0]
+	}
+	return ""
+}
+
+// ErrNotBuilt means the root filesystem for a Config has not been built.
+var ErrNotBuilt = errors.New("image: not built (run 'moat image build')")
