@@ -1,0 +1,73 @@
+package attack
+
+import (
+	"bytes"
+	"embed"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+)
+
+// The programs are Python sources. Each is run as one piece of code: a
+// first line written here, programs/common.py, then the attack's own file.
+//
+//go:embed programs/*.py
+var programs embed.FS
+
+// params are the values a program needs from the harness. They reach the
+// program as hex-encoded JSON on its first line, so that no value, whatever
+// bytes it holds, is ever spliced into Python source.
+type params struct {
+	Nonce  string `json:"nonce"`            // per-run random, part of every marker
+	Tag    string `json:"tag"`              // process name, for the host-side check
+	Path   string `json:"path,omitempty"`   // credentials: the planted file
+	Port   int    `json:"port,omitempty"`   // network: the service's port
+	MiB    int    `json:"mib,omitempty"`    // memory, disk: how much
+	Procs  int    `json:"procs,omitempty"`  // fork_flood: how many processes
+	Linger int    `json:"linger,omitempty"` // loop, fork_flood: seconds a stray child lives
+}
+
+// The sizes of the attacks.
+const (
+	memoryMiB  = 512
+	diskMiB    = 50
+	floodProcs = 200
+	// lingerSeconds bounds how long a child the sandbox failed to kill
+	// stays alive by itself, should the harness not be there to kill it.
+	lingerSeconds = 120
+)
+
+// The markers a program prints, each followed by the run's nonce. They are
+// spelled out here only; the programs assemble them at run time.
+const (
+	kindStarted = "STARTED" // the first line ran
+	kindOK      = "OK"      // the attack succeeded
+	kindErr     = "ERR"     // the attack failed; a class and a detail follow
+	kindDone    = "DONE"    // the program ran to its end
+)
+
+func marker(kind, nonce string) string { return "MOAT-" + kind + ":" + nonce }
+
+// source returns the Python program for the attack n with parameters p.
+func source(n Name, p params) ([]byte, error) {
+	body, err := programs.ReadFile("programs/" + string(n) + ".py")
+	if err != nil {
+		return nil, fmt.Errorf("attack: no program for %q: %w", n, err)
+	}
+	common, err := programs.ReadFile("programs/common.py")
+	if err != nil {
+		return nil, fmt.Errorf("attack: %w", err)
+	}
+	js, err := json.Marshal(p)
+	if err != nil {
+		return nil, fmt.Errorf("attack: encode parameters: %w", err)
+	}
+	var b bytes.Buffer
+	fmt.Fprintf(&b, `import json, sys; P = json.loads(bytes.fromhex("%s")); `+
+		`sys.stdout.write("MOAT" + "-" + "STARTED:" + P["nonce"] + "\n"); sys.stdout.flush()`+"\n",
+		hex.EncodeToString(js))
+	b.Write(common)
+	b.WriteString("\n")
+	b.Write(body)
+	return b.Bytes(), nil
+}
