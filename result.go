@@ -42,7 +42,7 @@ type Result struct {
 	Reason Reason `json:"reason"`
 	// Truncated is true when stdout or stderr was cut at the output limit.
 	Truncated bool `json:"truncated"`
-	// Signal names the signal that ended the code, e.g. "killed", if one
+	// Signal names the signal that ended the code, e.g. "SIGKILL", if one
 	// did.
 	Signal string `json:"signal,omitempty"`
 	// Notes are facts about how the run was isolated that a reader should

@@ -50,7 +50,9 @@ type spec struct {
 	UID    int      `json:"uid"` // -1: keep moat's
 	GID    int      `json:"gid"`
 
-	Cgroups []string `json:"cgroups,omitempty"` // cgroup.procs files to join
+	// Cgroups are the files the helper's thread writes "0" into to join
+	// the run's cgroups; python3, forked from that thread, starts there.
+	Cgroups []string `json:"cgroups,omitempty"`
 	Rlimits []rlimit `json:"rlimits,omitempty"` // set on the helper, inherited
 	// AddressSpace is RLIMIT_AS for python3 only (the Go helper itself
 	// would not survive it); 0 means none.

@@ -520,7 +520,7 @@ func (r *run) do(ctx context.Context) (*moat.Result, error) {
 			return nil, unavailable("cannot create the run's cgroup", "", err)
 		}
 		r.group = group
-		sp.Cgroups = group.ProcsFiles()
+		sp.Cgroups = group.JoinFiles()
 		// The uid is the run's own, so RLIMIT_NPROC counts this run only.
 		sp.Rlimits = append(sp.Rlimits, rlimit{unix.RLIMIT_NPROC, uint64(lim.Pids), uint64(lim.Pids)})
 		sp.NoNewPrivs = true

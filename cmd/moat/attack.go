@@ -1,0 +1,86 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"strings"
+
+	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/attack"
+)
+
+func cmdAttack(ctx context.Context, args []string, stdio Stdio) int {
+	fs := flag.NewFlagSet("attack", flag.ContinueOnError)
+	fs.SetOutput(stdio.Err)
+	sf := addSandboxFlags(fs)
+	levels := fs.String("levels", "all", "comma-separated levels to attack, or all (every level available here)")
+	only := fs.String("attacks", "", "comma-separated attacks to run (default all six)")
+	asJSON := fs.Bool("json", false, "print one JSON object {results: [{level, attack, blocked, how}]}")
+	if err := fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return exitOK
+		}
+		return exitUsage
+	}
+	fc, err := sf.resolve()
+	if err != nil {
+		return exitFor(stdio, err)
+	}
+	if sf.level != "" {
+		*levels = sf.level
+	}
+	lvls, err := parseLevels(ctx, *levels, fc)
+	if err != nil {
+		return exitFor(stdio, err)
+	}
+	names := attack.All
+	if *only != "" {
+		names = nil
+		for _, s := range strings.Split(*only, ",") {
+			n, err := attack.ParseName(strings.TrimSpace(s))
+			if err != nil {
+				return exitFor(stdio, fmt.Errorf("%w: %w", err, moat.ErrInvalid))
+			}
+			names = append(names, n)
+		}
+	}
+	env, err := attack.Plant(ctx)
+	if err != nil {
+		return exitFor(stdio, err)
+	}
+	defer env.Close()
+
+	var outcomes []attack.Outcome
+	for _, l := range lvls {
+		sb, err := openLevel(ctx, fc, l)
+		if err != nil {
+			return exitFor(stdio, err)
+		}
+		for _, n := range names {
+			if !*asJSON {
+				fmt.Fprintf(stdio.Err, "moat: attack %s at %s...\n", n, l)
+			}
+			outcomes = append(outcomes, attack.Run(ctx, sb, env, n))
+		}
+		sb.Close()
+	}
+	if *asJSON {
+		if err := attack.JSON(stdio.Out, outcomes); err != nil {
+			return exitFor(stdio, err)
+		}
+	} else if err := attack.Scoreboard(stdio.Out, outcomes); err != nil {
+		return exitFor(stdio, err)
+	}
+	claims := func(l moat.Level, a attack.Name) bool {
+		e, err := findLevel(l)
+		return err == nil && e.claims(fc, a)
+	}
+	if b := attack.Breaches(outcomes, claims); len(b) > 0 {
+		for _, o := range b {
+			fmt.Fprintf(stdio.Err, "moat: %s: %s %s (%s) although the level claims to block it\n", o.Level, o.Attack, o.Verdict, o.How)
+		}
+		return exitFailure
+	}
+	return exitOK
+}

@@ -1,0 +1,84 @@
+// Command moat runs untrusted Python code at a chosen isolation level, and
+// measures how well and how fast each level does it.
+//
+// Usage:
+//
+//	moat run [flags] (-c CODE | FILE | -)   run code, print its output
+//	moat attack [flags]                     run the hostile programs at each level
+//	moat bench [flags]                      time print(1) at each level
+//	moat doctor [--json]                    say which levels can run here
+//
+// Run `moat help` or `moat COMMAND -h` for the flags.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// Stdio is where a command reads and writes. Tests pass buffers.
+type Stdio struct {
+	In       io.Reader
+	Out, Err io.Writer
+}
+
+// command is one subcommand: it parses args and returns the exit status.
+type command struct {
+	name  string
+	usage string
+	run   func(ctx context.Context, args []string, stdio Stdio) int
+}
+
+// Exit statuses shared by every command.
+const (
+	exitOK       = 0
+	exitFailure  = 1 // the work failed (an attack got through, a bench row failed)
+	exitUsage    = 2 // bad input: flags, arguments, files
+	exitInternal = 125 // moat itself failed, or a level is unavailable
+)
+
+func commands() []command {
+	return []command{
+		{"run", "run code in a sandbox and print its output", cmdRun},
+		{"attack", "run the six hostile programs against each level", cmdAttack},
+		{"bench", "time print(1) at each level against a direct python3 start", cmdBench},
+		{"doctor", "say which levels can run on this machine, and what to do if not", cmdDoctor},
+	}
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := dispatch(ctx, os.Args[1:], Stdio{In: os.Stdin, Out: os.Stdout, Err: os.Stderr})
+	stop()
+	os.Exit(code)
+}
+
+func dispatch(ctx context.Context, args []string, stdio Stdio) int {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		usage(stdio.Out)
+		if len(args) == 0 {
+			return exitUsage
+		}
+		return exitOK
+	}
+	for _, c := range commands() {
+		if c.name == args[0] {
+			return c.run(ctx, args[1:], stdio)
+		}
+	}
+	fmt.Fprintf(stdio.Err, "moat: unknown command %q (run 'moat help')\n", args[0])
+	return exitUsage
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "moat runs code that AI agents write, behind swappable isolation levels.")
+	fmt.Fprintln(w, "\nUsage: moat COMMAND [flags]\n\nCommands:")
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.usage)
+	}
+	fmt.Fprintln(w, "\nRun 'moat COMMAND -h' for a command's flags.")
+}

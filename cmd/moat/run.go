@@ -1,0 +1,89 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/moatsandbox/moat"
+)
+
+func cmdRun(ctx context.Context, args []string, stdio Stdio) int {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.SetOutput(stdio.Err)
+	sf := addSandboxFlags(fs)
+	code := fs.String("c", "", "the code to run")
+	asJSON := fs.Bool("json", false, "print one JSON object: level, stdout, stderr, exit_code, duration_ms, reason, truncated")
+	fs.Usage = func() {
+		fmt.Fprintln(stdio.Err, "usage: moat run [flags] (-c CODE | FILE | -)")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return exitOK
+		}
+		return exitUsage
+	}
+	src, err := readCode(fs, *code, stdio.In)
+	if err != nil {
+		return exitFor(stdio, err)
+	}
+	sb, err := sf.open(ctx)
+	if err != nil {
+		return exitFor(stdio, err)
+	}
+	defer sb.Close()
+
+	req := moat.Request{Code: src}
+	if !*asJSON {
+		// Stream the code's output as it comes.
+		req.Stdout, req.Stderr = stdio.Out, stdio.Err
+	}
+	res, err := sb.Run(ctx, req)
+	if err != nil {
+		return exitFor(stdio, err)
+	}
+	if *asJSON {
+		if err := json.NewEncoder(stdio.Out).Encode(res); err != nil {
+			return exitFor(stdio, err)
+		}
+	} else if res.Reason != "" {
+		fmt.Fprintf(stdio.Err, "moat: run ended: %s (exit %d)\n", res.Reason, res.ExitCode)
+	}
+	return res.ExitCode
+}
+
+// readCode takes the code from -c, a file, or standard input ("-").
+func readCode(fs *flag.FlagSet, code string, stdin io.Reader) ([]byte, error) {
+	rest := fs.Args()
+	var src []byte
+	switch {
+	case code != "" && len(rest) > 0:
+		return nil, fmt.Errorf("give the code either with -c or as a file, not both: %w", moat.ErrInvalid)
+	case code != "":
+		src = []byte(code)
+	case len(rest) > 1:
+		return nil, fmt.Errorf("one file at a time (got %d): %w", len(rest), moat.ErrInvalid)
+	case len(rest) == 1 && rest[0] == "-":
+		b, err := io.ReadAll(stdin)
+		if err != nil {
+			return nil, fmt.Errorf("reading standard input: %w", err)
+		}
+		src = b
+	case len(rest) == 1:
+		b, err := os.ReadFile(rest[0])
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", err, moat.ErrInvalid)
+		}
+		src = b
+	default:
+		return nil, fmt.Errorf("no code: give -c CODE, a FILE, or - for standard input: %w", moat.ErrInvalid)
+	}
+	if len(src) == 0 {
+		return nil, fmt.Errorf("the code is empty: %w", moat.ErrInvalid)
+	}
+	return src, nil
+}
