@@ -36,8 +36,8 @@ type command struct {
 // Exit statuses shared by every command.
 const (
 	exitOK       = 0
-	exitFailure  = 1 // the work failed (an attack got through, a bench row failed)
-	exitUsage    = 2 // bad input: flags, arguments, files
+	exitFailure  = 1   // the work failed (an attack got through, a bench row failed)
+	exitUsage    = 2   // bad input: flags, arguments, files
 	exitInternal = 125 // moat itself failed, or a level is unavailable
 )
 
