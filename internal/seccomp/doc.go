@@ -6,7 +6,8 @@
 //
 // Filter returns the program for the running architecture (amd64 and
 // arm64); Install loads a program on the calling thread. A re-executed
-// helper stage uses them just before it execs the user's interpreter:
+// helper stage uses them just before it starts the user's interpreter from
+// the same locked thread (syscall.Exec or syscall.ForkExec):
 //
 //	runtime.LockOSThread()
 //	// ... rlimits, setuid, PR_SET_NO_NEW_PRIVS, Landlock ...

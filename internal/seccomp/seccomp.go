@@ -68,10 +68,14 @@ func Filter() ([]unix.SockFilter, error) {
 //   - no_new_privs is already set on this thread
 //     (prctl(PR_SET_NO_NEW_PRIVS, 1)), or the thread has CAP_SYS_ADMIN;
 //     otherwise the kernel refuses with EACCES.
-//   - The caller holds runtime.LockOSThread and, once Install returns,
-//     execs (syscall.Exec) from the same goroutine. execve ends every other
-//     thread, so the new program runs entirely under the filter; the Go
-//     runtime's other threads before that stay unfiltered and keep working.
+//   - The caller holds runtime.LockOSThread and never unlocks it, and
+//     starts the sandboxed program from that same goroutine: syscall.Exec
+//     (execve ends every other thread, so the new image runs entirely under
+//     the filter) or syscall.ForkExec (the child inherits this thread's
+//     filter). The Go runtime's other threads stay unfiltered and keep
+//     working. With ForkExec, leave SysProcAttr.UseCgroupFD unset: it makes
+//     Go use clone3, which the filter answers with ENOSYS and Go does not
+//     retry with clone.
 //
 // Install makes a single raw system call and does not allocate after it.
 func Install(prog []unix.SockFilter) error {
