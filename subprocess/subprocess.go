@@ -47,6 +47,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -595,6 +596,13 @@ func (r *run) exec(ctx context.Context, arg []byte) (*moat.Result, error) {
 	if err != nil {
 		return nil, unavailable("cannot start the sandbox helper", "", err)
 	}
+	var cpuOver atomic.Bool
+	if r.group != nil {
+		// RLIMIT_CPU bounds each process; the cgroup's account bounds the
+		// run as a whole, children included.
+		stop := r.watchCPU(cmd.Process, time.Duration(lim.CPUTime), &cpuOver)
+		defer stop()
+	}
 	waitErr := cmd.Wait()
 	end := time.Now()
 	statusBytes, _ := io.ReadAll(io.LimitReader(statusR, 4096))
@@ -616,7 +624,10 @@ func (r *run) exec(ctx context.Context, arg []byte) (*moat.Result, error) {
 		Truncated: stdout.Truncated() || stderr.Truncated(),
 		Notes:     s.notes,
 	}
-	killedByUs := !reported
+	killedByUs := !reported && !cpuOver.Load()
+	if !reported && cpuOver.Load() {
+		st = helperStatus{signaled: true, signal: syscall.SIGKILL, cpuMS: time.Duration(lim.CPUTime).Milliseconds()}
+	}
 	switch {
 	case st.exited:
 		res.ExitCode = st.code
@@ -659,6 +670,34 @@ func (r *run) exec(ctx context.Context, arg []byte) (*moat.Result, error) {
 	res.Duration = end.Sub(r.start)
 	return res, nil
 }
+
+// watchCPU kills p, the helper, once the run's cgroup has used limit of
+// CPU time, and sets over. The returned function stops watching.
+func (r *run) watchCPU(p *os.Process, limit time.Duration, over *atomic.Bool) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		tick := time.NewTicker(cpuPoll)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+			used, err := r.group.CPUUsage()
+			if err != nil || used >= limit {
+				over.Store(true)
+				p.Kill()
+				return
+			}
+		}
+	}()
+	return func() { close(done) }
+}
+
+// cpuPoll is how often a run's CPU account is read. A run overshoots its
+// CPU limit by at most this times the number of CPUs.
+const cpuPoll = 100 * time.Millisecond
 
 // memoryErrorAtEnd reports whether Python ended on a MemoryError, which is
 // how RLIMIT_AS shows (tutorial hardening only; the code could print it).

@@ -17,11 +17,8 @@ func cmdAttack(ctx context.Context, args []string, stdio Stdio) int {
 	levels := fs.String("levels", "all", "comma-separated levels to attack, or all (every level available here)")
 	only := fs.String("attacks", "", "comma-separated attacks to run (default all six)")
 	asJSON := fs.Bool("json", false, "print one JSON object {results: [{level, attack, blocked, how}]}")
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return exitOK
-		}
-		return exitUsage
+	if code, ok := parseFlags(fs, args, stdio); !ok {
+		return code
 	}
 	fc, err := sf.resolve()
 	if err != nil {

@@ -17,11 +17,8 @@ func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
 	warmup := fs.Int("warmup", 0, "unmeasured runs per row first (default 1; -1 for none)")
 	asJSON := fs.Bool("json", false, "print one JSON object {rows: [{name, level, runs, min_ms, median_ms, p90_ms, max_ms, ratio}]}")
 	quiet := fs.Bool("quiet", false, "no progress lines on standard error")
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return exitOK
-		}
-		return exitUsage
+	if code, ok := parseFlags(fs, args, stdio); !ok {
+		return code
 	}
 	fc, err := sf.resolve()
 	if err != nil {

@@ -15,11 +15,8 @@ func cmdDoctor(ctx context.Context, args []string, stdio Stdio) int {
 	fs.SetOutput(stdio.Err)
 	sf := addSandboxFlags(fs)
 	asJSON := fs.Bool("json", false, "print {levels: [{level, available, reason, remedy}]}")
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return exitOK
-		}
-		return exitUsage
+	if code, ok := parseFlags(fs, args, stdio); !ok {
+		return code
 	}
 	fc, err := sf.resolve()
 	if err != nil {

@@ -209,7 +209,11 @@ func parseLevels(ctx context.Context, s string, fc fileConfig) ([]moat.Level, er
 
 // exitFor maps an error to the exit status and prints it as one line.
 func exitFor(stdio Stdio, err error) int {
-	fmt.Fprintf(stdio.Err, "moat: %s\n", oneLine(err.Error()))
+	msg := oneLine(err.Error())
+	if !strings.HasPrefix(msg, "moat: ") {
+		msg = "moat: " + msg
+	}
+	fmt.Fprintln(stdio.Err, msg)
 	if errors.Is(err, moat.ErrInvalid) {
 		return exitUsage
 	}
@@ -218,4 +222,31 @@ func exitFor(stdio Stdio, err error) int {
 
 func oneLine(s string) string {
 	return strings.Join(strings.Fields(s), " ")
+}
+
+// commandUsage is the synopsis line of each command, for -h.
+var commandUsage = map[string]string{
+	"run":    "moat run [flags] (-c CODE | FILE | -)",
+	"attack": "moat attack [flags]",
+	"bench":  "moat bench [flags]",
+	"doctor": "moat doctor [flags]",
+}
+
+// parseFlags parses args. A bad flag gets the flag package's one-line
+// error and exit status 2; -h prints the command's flags and exits 0. ok is
+// false when the command must return code at once.
+func parseFlags(fs *flag.FlagSet, args []string, stdio Stdio) (code int, ok bool) {
+	fs.SetOutput(stdio.Err)
+	fs.Usage = func() {} // errors stay one line; -h is handled below
+	err := fs.Parse(args)
+	if err == nil {
+		return 0, true
+	}
+	if err == flag.ErrHelp {
+		fmt.Fprintf(stdio.Out, "usage: %s\n\nflags:\n", commandUsage[fs.Name()])
+		fs.SetOutput(stdio.Out)
+		fs.PrintDefaults()
+		return exitOK, false
+	}
+	return exitUsage, false
 }

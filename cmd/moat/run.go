@@ -17,17 +17,12 @@ func cmdRun(ctx context.Context, args []string, stdio Stdio) int {
 	sf := addSandboxFlags(fs)
 	code := fs.String("c", "", "the code to run")
 	asJSON := fs.Bool("json", false, "print one JSON object: level, stdout, stderr, exit_code, duration_ms, reason, truncated")
-	fs.Usage = func() {
-		fmt.Fprintln(stdio.Err, "usage: moat run [flags] (-c CODE | FILE | -)")
-		fs.PrintDefaults()
+	if code, ok := parseFlags(fs, args, stdio); !ok {
+		return code
 	}
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return exitOK
-		}
-		return exitUsage
-	}
-	src, err := readCode(fs, *code, stdio.In)
+	codeSet := false
+	fs.Visit(func(f *flag.Flag) { codeSet = codeSet || f.Name == "c" })
+	src, err := readCode(fs, codeSet, *code, stdio.In)
 	if err != nil {
 		return exitFor(stdio, err)
 	}
@@ -57,13 +52,13 @@ func cmdRun(ctx context.Context, args []string, stdio Stdio) int {
 }
 
 // readCode takes the code from -c, a file, or standard input ("-").
-func readCode(fs *flag.FlagSet, code string, stdin io.Reader) ([]byte, error) {
+func readCode(fs *flag.FlagSet, codeSet bool, code string, stdin io.Reader) ([]byte, error) {
 	rest := fs.Args()
 	var src []byte
 	switch {
-	case code != "" && len(rest) > 0:
+	case codeSet && len(rest) > 0:
 		return nil, fmt.Errorf("give the code either with -c or as a file, not both: %w", moat.ErrInvalid)
-	case code != "":
+	case codeSet:
 		src = []byte(code)
 	case len(rest) > 1:
 		return nil, fmt.Errorf("one file at a time (got %d): %w", len(rest), moat.ErrInvalid)

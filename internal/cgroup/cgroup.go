@@ -29,7 +29,7 @@ const Root = "/sys/fs/cgroup"
 type Manager struct {
 	v2 bool
 	// dirs are the parent directories, one per hierarchy: on v2 the single
-	// unified one; on v1 memory first, then pids.
+	// unified one; on v1 memory, pids and cpuacct, in that order.
 	dirs []string
 }
 
@@ -39,7 +39,7 @@ type Limits struct {
 	Pids   int64 // processes and threads
 }
 
-// Detect finds the memory and pids controllers and prepares parent (e.g.
+// Detect finds the memory, pids and CPU accounting controllers and prepares parent (e.g.
 // "moat") under them. It fails when either controller cannot be had; the
 // error explains why.
 func Detect(parent string) (*Manager, error) {
@@ -64,7 +64,7 @@ func Detect(parent string) (*Manager, error) {
 		m.dirs = []string{dir}
 		return m, nil
 	}
-	for _, c := range []string{"memory", "pids"} {
+	for _, c := range []string{"memory", "pids", "cpuacct"} {
 		base := filepath.Join(Root, c)
 		if _, err := os.Stat(filepath.Join(base, "cgroup.procs")); err != nil {
 			return nil, fmt.Errorf("cgroup: no cgroup v2 hierarchy and no v1 %s controller at %s", c, base)
@@ -139,10 +139,31 @@ func (m *Manager) New(name string, l Limits) (*Group, error) {
 
 // dirFor returns the directory holding file.
 func (g *Group) dirFor(file string) string {
-	if g.m.v2 || strings.HasPrefix(file, "memory.") || len(g.dirs) < 2 {
+	switch {
+	case g.m.v2 || strings.HasPrefix(file, "memory."):
 		return g.dirs[0]
+	case strings.HasPrefix(file, "cpuacct."):
+		return g.dirs[2]
 	}
 	return g.dirs[1]
+}
+
+// CPUUsage is the CPU time the group's processes have used in all, the
+// living and the dead.
+func (g *Group) CPUUsage() (time.Duration, error) {
+	if g.m.v2 {
+		us := keyValue(filepath.Join(g.dirs[0], "cpu.stat"), "usage_usec")
+		return time.Duration(us) * time.Microsecond, nil
+	}
+	data, err := os.ReadFile(filepath.Join(g.dirFor("cpuacct.usage"), "cpuacct.usage"))
+	if err != nil {
+		return 0, fmt.Errorf("cgroup: %w", err)
+	}
+	ns, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("cgroup: cpuacct.usage: %w", err)
+	}
+	return time.Duration(ns), nil
 }
 
 func (g *Group) write(file, value string) error {
