@@ -11,10 +11,10 @@ def attack():
     for host, family in targets:
         try:
             if family is None:
-                s = socket.create_connection((host, port), timeout=2)
+                s = socket.create_connection((host, port), timeout=1.5)
             else:
                 s = socket.socket(family, socket.SOCK_STREAM)
-                s.settimeout(2)
+                s.settimeout(1.5)
                 s.connect((host, port))
             data = b""
             try:
