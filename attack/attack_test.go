@@ -14,12 +14,50 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/moatsandbox/moat"
 )
+
+// TestMain checks, after the suite, that no child process of the test
+// binary is left: every program a test ran is gone.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if code == 0 {
+		if kids := children(os.Getpid()); len(kids) > 0 {
+			fmt.Fprintf(os.Stderr, "child processes left after the tests: %v\n", kids)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// children returns the live child processes of pid.
+func children(pid int) []int {
+	ents, _ := os.ReadDir("/proc")
+	var kids []int
+	for _, e := range ents {
+		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		i := bytes.LastIndexByte(stat, ')')
+		var state byte
+		var ppid int
+		if i < 0 || func() bool { _, err := fmt.Sscanf(string(stat[i+2:]), "%c %d", &state, &ppid); return err != nil }() {
+			continue
+		}
+		if ppid == pid && state != 'Z' {
+			kid, _ := strconv.Atoi(e.Name())
+			kids = append(kids, kid)
+		}
+	}
+	return kids
+}
 
 func plant(t *testing.T) *Env {
 	t.Helper()
@@ -392,6 +430,7 @@ func TestParametersAreData(t *testing.T) {
 }
 
 func TestPlantClose(t *testing.T) {
+	goroutines := runtime.NumGoroutine()
 	env, err := Plant(t.Context())
 	if err != nil {
 		t.Fatal(err)
@@ -439,6 +478,9 @@ func TestPlantClose(t *testing.T) {
 	if c, err := net.Dial("tcp4", addr); err == nil {
 		c.Close()
 		t.Fatalf("the service still accepts on %s after Close", addr)
+	}
+	if n := runtime.NumGoroutine(); n > goroutines {
+		t.Fatalf("%d goroutines after Close, %d before Plant", n, goroutines)
 	}
 }
 
