@@ -116,12 +116,10 @@ func Run(ctx context.Context, sb moat.Sandbox, env *Env, name Name) Outcome {
 	if err != nil {
 		return o.inconclusive("harness", err.Error())
 	}
+	var connsBefore int64
 	if name == Network {
 		env.netTurn.Lock()
 		defer env.netTurn.Unlock()
-	}
-	connsBefore := int64(0)
-	if env != nil {
 		connsBefore = env.conns.Load()
 	}
 
@@ -134,7 +132,6 @@ func Run(ctx context.Context, sb moat.Sandbox, env *Env, name Name) Outcome {
 	res, runErr := sb.Run(ctx, moat.Request{Code: code, Stdout: stdout, Stderr: stderr})
 
 	ev := evidence{
-		nonce:     p.Nonce,
 		result:    res,
 		runErr:    runErr,
 		deadline:  errors.Is(ctx.Err(), context.DeadlineExceeded),
@@ -194,7 +191,6 @@ func prepare(name Name, env *Env) (params, []string, error) {
 
 // evidence is everything the judge knows about one run.
 type evidence struct {
-	nonce       string
 	result      *moat.Result
 	runErr      error
 	deadline    bool  // the harness's deadline passed
@@ -210,6 +206,8 @@ type evidence struct {
 // collect merges what the scanners found. The needles are those of prepare.
 func (ev *evidence) collect(needles []string, scanners []*scanner) {
 	for _, s := range scanners {
+		s.mu.Lock() // against a sandbox that writes after Run returned
+		defer s.mu.Unlock()
 		s.finish()
 		ev.started = ev.started || s.found[0]
 		ev.succeeded = ev.succeeded || s.found[1]

@@ -3,6 +3,7 @@ package attack
 import (
 	"bytes"
 	"strings"
+	"sync"
 )
 
 // A scanner watches one output stream as the sandbox writes it. It looks for
@@ -10,6 +11,7 @@ import (
 // keeps the first few error reports of the program. Its memory is bounded
 // whatever the stream holds.
 type scanner struct {
+	mu      sync.Mutex // guards everything below
 	needles [][]byte
 	found   []bool
 	tail    []byte // the last bytes seen, to find a needle cut by a write
@@ -46,6 +48,8 @@ func newScanner(nonce string, needles ...string) *scanner {
 
 // Write never fails: a sandbox must be free to write all it has.
 func (s *scanner) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	n := len(p)
 	maxNeedle := 0
 	for i, nd := range s.needles {
