@@ -1,0 +1,69 @@
+package moat
+
+import (
+	"context"
+	"io"
+	"io/fs"
+	"time"
+)
+
+// Sessioner is implemented by sandboxes that can keep state between runs: a
+// working directory whose files persist from one run to the next and,
+// optionally, a live interpreter. Callers find it by type assertion:
+//
+//	if s, ok := sb.(moat.Sessioner); ok { ... }
+//
+// NewSession is safe for concurrent use. The session belongs to the caller,
+// who must Close it; a sandbox's Close does not close its sessions.
+type Sessioner interface {
+	NewSession(ctx context.Context, opts SessionOptions) (Session, error)
+}
+
+// SessionOptions configure a session. The zero value is a session with a
+// persistent working directory and a fresh interpreter per run.
+type SessionOptions struct {
+	// Interpreter keeps one Python interpreter alive between runs, so that
+	// variables, imports and definitions survive from one Run to the next,
+	// as in a notebook. A run that hits a limit or times out ends that
+	// interpreter; the next run starts a fresh one (the files remain).
+	Interpreter bool `json:"interpreter,omitempty"`
+}
+
+// Session is state kept across runs at one isolation level: a private
+// working directory and, when asked for, a live interpreter.
+//
+// Runs of one session are serialized: Run waits for the session's previous
+// run to end. Every run gets the sandbox's limits; the disk limit covers the
+// session's files as a whole. Files written by one run are there for the next
+// run of the same session and for no one else.
+//
+// File names are slash-separated paths relative to the working directory.
+// They must stay inside it: absolute paths, ".." elements and symbolic links
+// (which the code may plant) that lead outside are refused with an error
+// wrapping ErrInvalid, and nothing is read or written.
+//
+// Close kills anything still running and removes everything of the session.
+// It may be called more than once.
+type Session interface {
+	Run(ctx context.Context, req Request) (*Result, error)
+	// WriteFile creates or replaces name with the contents of r, creating
+	// parent directories. It fails with an error wrapping ErrInvalid when
+	// the write would pass the disk limit.
+	WriteFile(ctx context.Context, name string, r io.Reader) error
+	// ReadFile returns the contents of name. The caller closes it.
+	ReadFile(ctx context.Context, name string) (io.ReadCloser, error)
+	// ListFiles returns the files of the working directory, recursively.
+	ListFiles(ctx context.Context) ([]FileInfo, error)
+	// RemoveFile removes name (a file, or an empty directory).
+	RemoveFile(ctx context.Context, name string) error
+	Close() error
+}
+
+// FileInfo describes one file of a session.
+type FileInfo struct {
+	Name    string      `json:"name"` // slash-separated, relative to the working directory
+	Size    int64       `json:"size"`
+	Mode    fs.FileMode `json:"mode"`
+	ModTime time.Time   `json:"mod_time"`
+	IsDir   bool        `json:"is_dir"`
+}
