@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"runtime"
 	"strconv"
@@ -18,7 +19,7 @@ import (
 )
 
 // The helper stage. moat re-executes its own binary (/proc/self/exe) with
-// argv[0] set to helperArg0 and the spec as JSON in argv[1]. The helper runs
+// argv[0] set to helperArg0; the helper reads the spec, JSON, from fd 4. The helper runs
 // as the init (PID 1) of a fresh PID namespace when moat is root: it joins
 // the run's cgroups, sets the rlimits, no_new_privs, Landlock and seccomp on
 // its own thread, starts python3 under the run's uid (the restrictions are
@@ -35,9 +36,9 @@ const helperArg0 = "moat-sandbox-helper"
 const statusFD = 3
 
 func init() {
-	if len(os.Args) == 2 && os.Args[0] == helperArg0 {
+	if len(os.Args) == 1 && os.Args[0] == helperArg0 {
 		runtime.LockOSThread() // never unlocked: restrictions are per thread
-		os.Exit(helperMain(os.Args[1]))
+		os.Exit(helperMain())
 	}
 }
 
@@ -77,10 +78,16 @@ type lockSpec struct {
 }
 
 // helperMain returns the helper's exit status.
-func helperMain(arg string) int {
+func helperMain() int {
 	status := os.NewFile(statusFD, "status")
-	if status == nil {
+	specFile := os.NewFile(specFD, "spec")
+	if status == nil || specFile == nil {
 		return 126
+	}
+	arg, err := io.ReadAll(specFile)
+	specFile.Close()
+	if err != nil || len(arg) == 0 {
+		return 0 // discarded before any run: nothing to do
 	}
 	// python3 must not inherit the status pipe.
 	unix.CloseOnExec(statusFD)
@@ -89,7 +96,7 @@ func helperMain(arg string) int {
 		return 125
 	}
 	var sp spec
-	if err := json.Unmarshal([]byte(arg), &sp); err != nil {
+	if err := json.Unmarshal(arg, &sp); err != nil {
 		return fail("spec", err)
 	}
 	for _, f := range sp.Cgroups {

@@ -43,8 +43,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
-	"os/exec"
-	"path/filepath"
+		"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -142,6 +141,7 @@ type Sandbox struct {
 	mu     sync.Mutex
 	closed bool
 	runs   sync.WaitGroup
+	warm   chan *helperProc // helpers started in advance; see warm.go
 }
 
 var _ moat.Sandbox = (*Sandbox)(nil)
@@ -169,6 +169,8 @@ func New(cfg Config) (*Sandbox, error) {
 		return nil, err
 	}
 	s.reap()
+	s.warm = make(chan *helperProc, 1)
+	go s.refill()
 	return s, nil
 }
 
@@ -406,6 +408,9 @@ func (s *Sandbox) Limits() moat.Limits { return s.limits }
 func (s *Sandbox) Close() error {
 	s.mu.Lock()
 	s.closed = true
+	if s.warm != nil {
+		s.drainWarm()
+	}
 	s.mu.Unlock()
 	s.runs.Wait()
 	return nil
@@ -559,53 +564,56 @@ func pythonPrefix(python string) []string {
 	return []string{filepath.Dir(filepath.Dir(real))}
 }
 
-// exec starts the helper and waits for the run to end.
+// exec hands the spec to a helper and waits for the run to end.
 func (r *run) exec(ctx context.Context, arg []byte) (*moat.Result, error) {
 	s, lim := r.s, r.s.limits
-	statusR, statusW, err := os.Pipe()
+	h, err := s.takeHelper()
 	if err != nil {
-		return nil, fmt.Errorf("subprocess: %w", err)
+		return nil, err
 	}
-	defer statusR.Close()
+	defer h.closeFiles()
 
-	runCtx, cancel := context.WithTimeout(ctx, time.Duration(lim.WallTime))
-	defer cancel()
 	stdout := capture.New(int64(lim.Output), r.req.Stdout)
 	stderr := capture.New(int64(lim.Output), r.req.Stderr)
-	cmd := exec.CommandContext(runCtx, "/proc/self/exe")
-	cmd.Args = []string{helperArg0, string(arg)}
-	cmd.Env = []string{} // nothing of moat's environment
-	cmd.Dir = "/"
-	cmd.Stdout, cmd.Stderr = stdout, stderr
-	cmd.ExtraFiles = []*os.File{statusW}
-	cmd.WaitDelay = time.Second
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if s.root {
-		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWPID
-	} else {
-		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWUSER | syscall.CLONE_NEWPID
-		cmd.SysProcAttr.UidMappings = []syscall.SysProcIDMap{{ContainerID: os.Getuid(), HostID: os.Getuid(), Size: 1}}
-		cmd.SysProcAttr.GidMappings = []syscall.SysProcIDMap{{ContainerID: os.Getgid(), HostID: os.Getgid(), Size: 1}}
-	}
-	// Killing the helper, init of the run's PID namespace, kills every
-	// process of the run.
-	cmd.Cancel = func() error { return cmd.Process.Kill() }
+	copied := make(chan struct{}, 2)
+	go func() { io.Copy(stdout, h.stdout); copied <- struct{}{} }()
+	go func() { io.Copy(stderr, h.stderr); copied <- struct{}{} }()
 
-	err = cmd.Start()
-	statusW.Close()
+	// The wall clock starts with the spec: from here on the helper is the
+	// run's. Killing the helper, init of the run's PID namespace, kills
+	// every process of the run.
+	runCtx, cancel := context.WithTimeout(ctx, time.Duration(lim.WallTime))
+	defer cancel()
+	stopKill := context.AfterFunc(runCtx, func() { h.cmd.Process.Kill() })
+	defer stopKill()
+	_, err = h.spec.Write(arg)
+	h.spec.Close()
 	if err != nil {
-		return nil, unavailable("cannot start the sandbox helper", "", err)
+		h.cmd.Process.Kill()
+		h.cmd.Wait()
+		return nil, unavailable("the sandbox helper died before its run", "", err)
 	}
 	var cpuOver atomic.Bool
 	if r.group != nil {
 		// RLIMIT_CPU bounds each process; the cgroup's account bounds the
 		// run as a whole, children included.
-		stop := r.watchCPU(cmd.Process, time.Duration(lim.CPUTime), &cpuOver)
+		stop := r.watchCPU(h.cmd.Process, time.Duration(lim.CPUTime), &cpuOver)
 		defer stop()
 	}
-	waitErr := cmd.Wait()
+	waitErr := h.cmd.Wait()
 	end := time.Now()
-	statusBytes, _ := io.ReadAll(io.LimitReader(statusR, 4096))
+	// Every holder of the output pipes was in the namespace, now gone; the
+	// bound only guards against a kernel that is slow to tear it down.
+	for i := 0; i < 2; i++ {
+		select {
+		case <-copied:
+		case <-time.After(time.Second):
+			h.stdout.Close()
+			h.stderr.Close()
+			<-copied
+		}
+	}
+	statusBytes, _ := io.ReadAll(io.LimitReader(h.status, 4096))
 	st, reported := parseStatus(statusBytes)
 	if reported && st.err != "" {
 		return nil, fmt.Errorf("subprocess: sandbox set-up failed, nothing ran: %s: %w", st.err, moat.ErrUnavailable)

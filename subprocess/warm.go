@@ -1,0 +1,147 @@
+package subprocess
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"syscall"
+)
+
+// Starting the helper (exec of moat's binary in a fresh PID namespace, and
+// the Go runtime's start) costs about as much as a fifth of Python's own
+// start. So the sandbox keeps helpers started in advance: each waits,
+// unconfined and doing nothing, for the spec of one run on a pipe, and is
+// used once. A run takes a waiting helper, and a new one is started behind
+// it. Nothing of a run exists before the run: the helper joins the run's
+// cgroups, takes its limits, its uid and its restrictions only once it has
+// the spec.
+
+// specFD is the pipe on which a helper receives its spec.
+const specFD = 4
+
+// helperProc is a started helper waiting for its spec.
+type helperProc struct {
+	cmd    *exec.Cmd
+	spec   *os.File // write end of the helper's fd 4
+	status *os.File // read end of the helper's fd 3
+	stdout *os.File // read end of python3's stdout
+	stderr *os.File // read end of python3's stderr
+}
+
+// startHelper starts a helper that waits for its spec.
+func (s *Sandbox) startHelper() (*helperProc, error) {
+	var files [8]*os.File // r/w pairs: spec, status, stdout, stderr
+	for i := 0; i < 8; i += 2 {
+		r, w, err := os.Pipe()
+		if err != nil {
+			closeAll(files[:i])
+			return nil, fmt.Errorf("subprocess: %w", err)
+		}
+		files[i], files[i+1] = r, w
+	}
+	specR, specW := files[0], files[1]
+	statusR, statusW := files[2], files[3]
+	outR, outW := files[4], files[5]
+	errR, errW := files[6], files[7]
+
+	cmd := &exec.Cmd{
+		Path:       "/proc/self/exe",
+		Args:       []string{helperArg0},
+		Env:        []string{}, // nothing of moat's environment
+		Dir:        "/",
+		Stdout:     outW,
+		Stderr:     errW,
+		ExtraFiles: []*os.File{statusW, specR}, // fds 3 and 4
+		SysProcAttr: &syscall.SysProcAttr{
+			// The helper dies with moat; python3 dies with the helper,
+			// which is the init of its PID namespace.
+			Pdeathsig: syscall.SIGKILL,
+		},
+	}
+	if s.root {
+		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWPID
+	} else {
+		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWUSER | syscall.CLONE_NEWPID
+		cmd.SysProcAttr.UidMappings = []syscall.SysProcIDMap{{ContainerID: os.Getuid(), HostID: os.Getuid(), Size: 1}}
+		cmd.SysProcAttr.GidMappings = []syscall.SysProcIDMap{{ContainerID: os.Getgid(), HostID: os.Getgid(), Size: 1}}
+	}
+	err := cmd.Start()
+	// The helper holds its ends now; ours would keep the pipes open.
+	closeAll([]*os.File{specR, statusW, outW, errW})
+	if err != nil {
+		closeAll([]*os.File{specW, statusR, outR, errR})
+		return nil, unavailable("cannot start the sandbox helper", "", err)
+	}
+	return &helperProc{cmd: cmd, spec: specW, status: statusR, stdout: outR, stderr: errR}, nil
+}
+
+// takeHelper returns a waiting helper, or starts one, and starts the next
+// one in the background.
+func (s *Sandbox) takeHelper() (*helperProc, error) {
+	select {
+	case h := <-s.warm:
+		go s.refill()
+		return h, nil
+	default:
+	}
+	return s.startHelper()
+}
+
+// refill starts helpers until the pool is full or the sandbox closed. It
+// starts them without holding s.mu, so that runs are never held up by it.
+func (s *Sandbox) refill() {
+	for {
+		s.mu.Lock()
+		full := s.closed || len(s.warm) >= cap(s.warm)
+		s.mu.Unlock()
+		if full {
+			return
+		}
+		h, err := s.startHelper()
+		if err != nil {
+			s.log.Warn("subprocess: starting a helper in advance", "err", err)
+			return
+		}
+		s.mu.Lock()
+		if s.closed || len(s.warm) >= cap(s.warm) {
+			s.mu.Unlock()
+			h.discard()
+			return
+		}
+		s.warm <- h
+		s.mu.Unlock()
+	}
+}
+
+// drainWarm stops every waiting helper. The caller holds s.mu and has set
+// s.closed, so that no new one is added.
+func (s *Sandbox) drainWarm() {
+	for {
+		select {
+		case h := <-s.warm:
+			h.discard()
+		default:
+			return
+		}
+	}
+}
+
+// discard ends a helper that never got a spec: on the empty spec it exits.
+func (h *helperProc) discard() {
+	h.spec.Close()
+	h.cmd.Process.Kill()
+	h.cmd.Wait()
+	h.closeFiles()
+}
+
+func (h *helperProc) closeFiles() {
+	closeAll([]*os.File{h.spec, h.status, h.stdout, h.stderr})
+}
+
+func closeAll(files []*os.File) {
+	for _, f := range files {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
