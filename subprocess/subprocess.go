@@ -43,7 +43,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
-		"path/filepath"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
