@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# setup.sh: everything moat needs on a fresh Debian 12 (or Ubuntu) machine,
+# as root. Idempotent: run it as often as you like.
+#
+#   1. the base packages: python3 (the interpreter the sandboxes run),
+#      util-linux (prlimit, setpriv), Node.js and npm (the MCP client test);
+#   2. each level's own set-up, where its script exists: Docker and the
+#      shared image (setup-docker.sh), runsc (setup-gvisor.sh), QEMU and the
+#      guest kernel (setup-microvm.sh);
+#   3. the moat binary, built into ./bin/moat.
+#
+# Environment: MOAT_SKIP_LEVELS="container gvisor microvm" skips those
+# levels' set-up (their tests then fail in CI, by design).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf 'setup: %s\n' "$*"; }
+die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
+
+[ "$(id -u)" = 0 ] || die "must run as root (it installs packages; the strict subprocess level needs root too)"
+command -v go >/dev/null || die "Go is not installed (moat needs Go 1.26: https://go.dev/doc/install)"
+
+need=()
+for p in python3 util-linux nodejs npm ca-certificates; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
+done
+# A machine may have node and npm from elsewhere; they do as well.
+if command -v node >/dev/null && command -v npm >/dev/null; then
+	need=("${need[@]/nodejs}"); need=("${need[@]/npm}")
+fi
+pkgs=()
+for p in "${need[@]}"; do [ -n "$p" ] && pkgs+=("$p"); done
+if [ ${#pkgs[@]} -gt 0 ]; then
+	say "installing ${pkgs[*]}"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+fi
+
+say "building bin/moat"
+mkdir -p bin
+go build -o bin/moat ./cmd/moat
+
+skip=" ${MOAT_SKIP_LEVELS:-} "
+for level in docker gvisor microvm; do
+	script=scripts/setup-$level.sh
+	name=$level
+	[ "$level" = docker ] && name=container
+	if [[ "$skip" == *" $name "* ]]; then
+		say "skipping the $name level's set-up (MOAT_SKIP_LEVELS)"
+		continue
+	fi
+	if [ -f "$script" ]; then
+		say "set-up of the $name level ($script)"
+		MOAT="$PWD/bin/moat" bash "$script"
+	fi
+done
+say "done; 'bin/moat doctor' says what is available"
