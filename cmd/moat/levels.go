@@ -250,3 +250,9 @@ func parseFlags(fs *flag.FlagSet, args []string, stdio Stdio) (code int, ok bool
 	}
 	return exitUsage, false
 }
+
+// newFlagSet returns an empty flag set that reports errors instead of
+// exiting.
+func newFlagSet(name string) *flag.FlagSet {
+	return flag.NewFlagSet(name, flag.ContinueOnError)
+}
