@@ -1,0 +1,495 @@
+// Package container is moat's container level: each run is a fresh,
+// hardened Docker container, driven through the Engine API with Docker's
+// official Go client (never the docker CLI), from the image that package
+// image builds.
+//
+// Every container is hardened, with no way to turn an item off:
+//
+//   - no network at all (network mode none, networking disabled);
+//   - a read-only root filesystem; the working directory (/work), /tmp and
+//     /dev/shm are tmpfs mounts (nosuid, nodev, noexec, inode-limited) whose
+//     sizes add up to Limits.Disk, so the disk limit covers every writable
+//     place;
+//   - all capabilities dropped, no-new-privileges, the non-root user
+//     65534:65534 (nobody);
+//   - a pids limit (Limits.Pids), a memory limit with swap equal to it
+//     (Limits.Memory), a CPU quota (Config.CPUs), the nofile, fsize, core
+//     and cpu rlimits; the CPU time of the whole tree is watched from the
+//     host against Limits.CPUTime;
+//   - Docker's default seccomp profile (the engine must have seccomp; New
+//     fails otherwise) and its default masked and read-only /proc paths;
+//   - private IPC, PID, UTS and cgroup namespaces; no host mounts of any
+//     kind, no Docker socket, no docker-init from the host;
+//   - the log driver "none": the output reaches moat and nothing else, never
+//     the host's disk;
+//   - an OOM score of 1000, so that a sandbox is the first to go when the
+//     host runs out of memory;
+//   - a runc with the fixes for the November 2025 escapes (CVE-2025-31133,
+//     CVE-2025-52565, CVE-2025-52881): the runtime "runc-moat" that
+//     scripts/setup-docker.sh registers, or the engine's default runtime if
+//     its runc is recent enough. With only an older runc, New fails closed
+//     unless Config.AllowVulnerableRuntime says otherwise.
+//
+// The code reaches the container on stdin through the attach stream (no bind
+// mount, no copy), and its output comes back on the same stream. Every
+// container carries the labels moat.sandbox=1 and moat.owner=<pid> (with the
+// owner's start time and boot id); New removes the containers whose owner is
+// gone, so a moat killed mid-run leaks nothing past the next start. Each run
+// removes its container before Run returns, whatever happened.
+//
+// How each reason is found, from the host side: timeout, when moat's wall
+// timer or the cgroup's CPU usage fires (moat kills the container), or the
+// code dies of SIGXCPU; memory, from Docker's OOMKilled; pids, from the pids
+// cgroup's event counter; filesize and disk, from the run's tmpfs mounts,
+// which moat holds open while the run ends (see watch).
+package container
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/client"
+	"github.com/docker/docker/errdefs"
+	"github.com/docker/docker/pkg/stdcopy"
+	"golang.org/x/sys/unix"
+
+	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/image"
+	"github.com/moatsandbox/moat/internal/capture"
+)
+
+// FixedRuntime is the name under which scripts/setup-docker.sh registers a
+// runc with the November 2025 fixes.
+const FixedRuntime = "runc-moat"
+
+// Config configures the container level. The zero value runs the image that
+// `moat image build` makes, with the default limits, on the fixed runc.
+type Config struct {
+	// Limits bound each run. Zero fields mean the defaults.
+	Limits moat.Limits `json:"limits"`
+	// Image is the Docker image to run. Zero means the image that package
+	// image builds with its default Config (moat-sandbox:<key>).
+	Image string `json:"image,omitempty"`
+	// Runtime is the OCI runtime dockerd runs the container with. Zero means
+	// "runc-moat" when the engine knows it, else the engine's default.
+	Runtime string `json:"runtime,omitempty"`
+	// AllowVulnerableRuntime lets runs go on a runc older than the fixes for
+	// the November 2025 escapes (runc < 1.2.8, 1.3.0-1.3.2), or one whose
+	// version cannot be told; each Result then says so in its Notes. False
+	// (the default) makes New fail closed instead.
+	AllowVulnerableRuntime bool `json:"allow_vulnerable_runtime,omitempty"`
+	// Python is the interpreter's path in the image. Zero means
+	// /usr/bin/python3.
+	Python string `json:"python,omitempty"`
+	// User is the uid:gid the code runs as. Zero means 65534:65534
+	// (nobody). It must not be root.
+	User string `json:"user,omitempty"`
+	// CPUs is the CPU quota, in CPUs. Zero means 1.
+	CPUs float64 `json:"cpus,omitempty"`
+	// Logger receives debug logs. Nil means discard.
+	Logger *slog.Logger `json:"-"`
+}
+
+// withDefaults fills the zero fields and checks the result.
+func (c Config) withDefaults() (Config, error) {
+	if err := c.Limits.Validate(); err != nil {
+		return c, err
+	}
+	c.Limits = c.Limits.WithDefaults()
+	if c.Image == "" {
+		c.Image = image.Config{}.Tag()
+	}
+	if c.Python == "" {
+		c.Python = image.Python
+	}
+	if c.User == "" {
+		c.User = "65534:65534"
+	}
+	if c.CPUs == 0 {
+		c.CPUs = 1
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	uid, gid, _ := strings.Cut(c.User, ":")
+	for _, id := range []string{uid, gid} {
+		if id == "" && gid == "" {
+			continue
+		}
+		n, err := strconv.Atoi(id)
+		if err != nil || n <= 0 {
+			return c, fmt.Errorf("container: user %q must be a numeric uid:gid other than root: %w", c.User, moat.ErrInvalid)
+		}
+	}
+	if c.CPUs < 0.01 {
+		return c, fmt.Errorf("container: cpus %v is below 0.01: %w", c.CPUs, moat.ErrInvalid)
+	}
+	if !strings.HasPrefix(c.Python, "/") || strings.ContainsAny(c.Python, " \t\n'\"$`\\;&|<>") {
+		return c, fmt.Errorf("container: python %q must be an absolute path without spaces or shell characters: %w", c.Python, moat.ErrInvalid)
+	}
+	return c, nil
+}
+
+// Sandbox runs code in hardened Docker containers. It is safe for concurrent
+// use; see moat.Sandbox for the contract.
+type Sandbox struct {
+	cli   *client.Client
+	spec  *spec
+	log   *slog.Logger
+	notes []string
+
+	mu     sync.Mutex
+	closed bool
+	runs   sync.WaitGroup
+}
+
+var _ moat.Sandbox = (*Sandbox)(nil)
+
+// New connects to the Docker engine (DOCKER_HOST, or the local socket),
+// checks that it can run the level with every protection (seccomp, a fixed
+// runc, the image), and removes the containers that dead moat processes
+// left behind. It returns an error wrapping moat.ErrUnavailable when it
+// cannot.
+func New(cfg Config) (*Sandbox, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cli, err := newClient()
+	if err != nil {
+		return nil, unavailable("no Docker client", "set DOCKER_HOST or run scripts/setup-docker.sh", err)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			cli.Close()
+		}
+	}()
+	eng, err := probe(ctx, cli, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if !eng.seccomp {
+		return nil, unavailable("the Docker engine has no seccomp support", "use a dockerd built with seccomp (Debian's docker.io is)", nil)
+	}
+	var notes []string
+	if !eng.runtimeFixed {
+		if !cfg.AllowVulnerableRuntime {
+			return nil, unavailable(fmt.Sprintf("runtime %q is %s, older than the fixes for the November 2025 container escapes", eng.runtime, eng.runtimeVersionText()),
+				"run scripts/setup-docker.sh to build and register runc-moat, or set AllowVulnerableRuntime", nil)
+		}
+		notes = append(notes, fmt.Sprintf("runtime %s is %s, older than the fixes for the November 2025 container escapes (allowed by the operator)", eng.runtime, eng.runtimeVersionText()))
+	}
+	if !eng.imagePresent {
+		return nil, unavailable(fmt.Sprintf("image %s is not in the Docker engine", cfg.Image), "run 'moat image build'", nil)
+	}
+	owner, err := ownerLabels()
+	if err != nil {
+		return nil, fmt.Errorf("container: %w", err)
+	}
+	if removed, err := reap(ctx, cli, cfg.Logger); err != nil {
+		cfg.Logger.Warn("container: removing containers of dead moat processes", "err", err)
+	} else if len(removed) > 0 {
+		cfg.Logger.Info("container: removed containers of dead moat processes", "ids", removed)
+	}
+	ok = true
+	return &Sandbox{
+		cli:   cli,
+		spec:  newSpec(cfg, eng.runtime, owner),
+		log:   cfg.Logger,
+		notes: notes,
+	}, nil
+}
+
+func newClient() (*client.Client, error) {
+	return client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+}
+
+func unavailable(reason, remedy string, err error) error {
+	return &moat.UnavailableError{Level: moat.LevelContainer, Reason: reason, Remedy: remedy, Err: err}
+}
+
+// Level returns moat.LevelContainer.
+func (s *Sandbox) Level() moat.Level { return moat.LevelContainer }
+
+// Close makes later runs fail with moat.ErrClosed, waits for the runs in
+// progress and releases the engine connection. It may be called more than
+// once.
+func (s *Sandbox) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	s.runs.Wait()
+	return s.cli.Close()
+}
+
+func (s *Sandbox) enter() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("container: %w", moat.ErrClosed)
+	}
+	s.runs.Add(1)
+	return nil
+}
+
+// removeTimeout bounds the removal of a run's container.
+const removeTimeout = 30 * time.Second
+
+// Run runs req.Code in a fresh container. See moat.Sandbox.
+func (s *Sandbox) Run(ctx context.Context, req moat.Request) (*moat.Result, error) {
+	if len(req.Code) == 0 {
+		return nil, fmt.Errorf("container: empty code: %w", moat.ErrInvalid)
+	}
+	if err := s.enter(); err != nil {
+		return nil, err
+	}
+	defer s.runs.Done()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+
+	created, err := s.cli.ContainerCreate(ctx, s.spec.config(), s.spec.hostConfig(), nil, nil, "")
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if errdefs.IsNotFound(err) {
+			return nil, unavailable(fmt.Sprintf("image %s is not in the Docker engine", s.spec.image), "run 'moat image build'", err)
+		}
+		return nil, fmt.Errorf("container: create: %w", err)
+	}
+	id := created.ID
+	// Whatever happens from here on, the container goes, under a context of
+	// its own: the caller's may be cancelled already.
+	defer s.remove(id)
+
+	// The run's own context: it outlives the caller's cancellation long
+	// enough to kill the container and read its end.
+	rctx, rcancel := context.WithCancel(context.Background())
+	defer rcancel()
+	return s.run(ctx, rctx, id, req, start)
+}
+
+func (s *Sandbox) run(ctx, rctx context.Context, id string, req moat.Request, start time.Time) (*moat.Result, error) {
+	lim := s.spec.limits
+	stdout := capture.New(int64(lim.Output), req.Stdout)
+	stderr := capture.New(int64(lim.Output), req.Stderr)
+
+	// Wait first, then attach, then start: the wait is acknowledged before
+	// the container can exit, and the attach before it can write.
+	waitC, waitErrC := s.cli.ContainerWait(rctx, id, container.WaitConditionNextExit)
+	hj, err := s.cli.ContainerAttach(rctx, id, container.AttachOptions{Stream: true, Stdin: true, Stdout: true, Stderr: true})
+	if err != nil {
+		return s.setupFailed(ctx, "attach", err)
+	}
+	defer hj.Close()
+	if err := s.cli.ContainerStart(rctx, id, container.StartOptions{}); err != nil {
+		return s.setupFailed(ctx, "start", err)
+	}
+
+	// The code goes in on stdin; its end closes stdin.
+	go func() {
+		hj.Conn.Write(req.Code)
+		hj.CloseWrite()
+	}()
+	outDone := make(chan error, 1)
+	go func() {
+		_, err := stdcopy.StdCopy(stdout, stderr, hj.Reader)
+		outDone <- err
+	}()
+
+	var (
+		killOnce sync.Once
+		killedBy moat.Reason
+		killMu   sync.Mutex
+	)
+	kill := func(why moat.Reason) {
+		killOnce.Do(func() {
+			killMu.Lock()
+			killedBy = why
+			killMu.Unlock()
+			kctx, cancel := context.WithTimeout(context.Background(), removeTimeout)
+			defer cancel()
+			if err := s.cli.ContainerKill(kctx, id, "KILL"); err != nil && !errdefs.IsConflict(err) && !errdefs.IsNotFound(err) {
+				s.log.Warn("container: kill", "id", shortID(id), "err", err)
+			}
+		})
+	}
+
+	// Watch from the host: the init's pid, then its cgroups and mounts.
+	watchC := make(chan *watch, 1)
+	go func() {
+		w, err := s.startWatch(rctx, id, func() { go kill(moat.ReasonTimeout) })
+		if err != nil {
+			s.log.Debug("container: watch", "id", shortID(id), "err", err)
+		}
+		watchC <- w
+	}()
+
+	wall := time.NewTimer(time.Duration(lim.WallTime))
+	defer wall.Stop()
+	var exit container.WaitResponse
+	exited := false
+	select {
+	case exit = <-waitC:
+		exited = true
+	case err := <-waitErrC:
+		return nil, fmt.Errorf("container: wait: %w", err)
+	case <-wall.C:
+		kill(moat.ReasonTimeout)
+	case <-ctx.Done():
+		kill(moat.ReasonCanceled)
+	}
+	if !exited {
+		select {
+		case exit = <-waitC:
+		case err := <-waitErrC:
+			return nil, fmt.Errorf("container: wait after the kill: %w", err)
+		}
+	}
+	end := time.Now()
+
+	// The output ends with the container; a process that closed its
+	// streams early cannot hold it open past the exit.
+	select {
+	case <-outDone:
+	case <-time.After(2 * time.Second):
+		hj.Close()
+		<-outDone
+	}
+	w := <-watchC
+	if w != nil {
+		w.stop()
+		defer w.close()
+	}
+
+	ictx, icancel := context.WithTimeout(context.Background(), removeTimeout)
+	defer icancel()
+	ins, err := s.cli.ContainerInspect(ictx, id)
+	if err != nil {
+		return nil, fmt.Errorf("container: inspect after the run: %w", err)
+	}
+
+	killMu.Lock()
+	k := killedBy
+	killMu.Unlock()
+	res := &moat.Result{
+		Level:     moat.LevelContainer,
+		Stdout:    stdout.Bytes(),
+		Stderr:    stderr.Bytes(),
+		Truncated: stdout.Truncated() || stderr.Truncated(),
+		ExitCode:  int(exit.StatusCode),
+		Notes:     s.notes,
+	}
+	if k != "" {
+		res.ExitCode = 128 + int(syscall.SIGKILL)
+	}
+	var sig syscall.Signal
+	if res.ExitCode > 128 && res.ExitCode <= 128+64 {
+		sig = syscall.Signal(res.ExitCode - 128)
+		res.Signal = unix.SignalName(sig)
+	}
+	oom := ins.State != nil && ins.State.OOMKilled
+	switch {
+	case k == moat.ReasonCanceled:
+		res.Reason = moat.ReasonCanceled
+	case k == moat.ReasonTimeout:
+		res.Reason = moat.ReasonTimeout
+	case sig == syscall.SIGXCPU:
+		res.Reason = moat.ReasonTimeout
+	case oom:
+		res.Reason = moat.ReasonMemory
+	case w != nil && w.pidsHit.Load():
+		res.Reason = moat.ReasonPids
+	case w != nil && w.fileAtLimit(int64(lim.FileSize)):
+		res.Reason = moat.ReasonFileSize
+	case w != nil && w.diskFull():
+		res.Reason = moat.ReasonDisk
+	case res.Truncated:
+		res.Reason = moat.ReasonOutput
+	case sig != 0:
+		res.Reason = moat.ReasonSignal
+	}
+	if w == nil && res.Reason == "" {
+		res.Notes = append(append([]string(nil), res.Notes...), "the run ended before moat could watch it from the host: pids, filesize and disk would not be reported")
+	}
+	res.Duration = end.Sub(start)
+	return res, nil
+}
+
+// setupFailed turns a failure before the code ran into the caller's
+// cancellation when that is what it was.
+func (s *Sandbox) setupFailed(ctx context.Context, step string, err error) (*moat.Result, error) {
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	return nil, fmt.Errorf("container: %s: %w", step, err)
+}
+
+// startWatch finds the container's init and starts watching it.
+func (s *Sandbox) startWatch(ctx context.Context, id string, onCPU func()) (*watch, error) {
+	ins, err := s.cli.ContainerInspect(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if ins.State == nil || ins.State.Pid == 0 {
+		return nil, errors.New("container: the run ended before it could be watched")
+	}
+	paths := make([]string, len(s.spec.mounts))
+	for i, m := range s.spec.mounts {
+		paths[i] = m.path
+	}
+	return startWatch(ins.State.Pid, paths, time.Duration(s.spec.limits.CPUTime), onCPU)
+}
+
+// remove removes the container, killing it first if it still runs.
+func (s *Sandbox) remove(id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), removeTimeout)
+	defer cancel()
+	err := s.cli.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true})
+	if err != nil && !errdefs.IsNotFound(err) {
+		s.log.Warn("container: remove", "id", shortID(id), "err", err)
+	}
+}
+
+func shortID(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}
+
+// ownerLabels names this process as the owner of the containers it makes.
+func ownerLabels() (map[string]string, error) {
+	pid := os.Getpid()
+	st, err := procStart(pid)
+	if err != nil {
+		return nil, err
+	}
+	boot, err := bootID()
+	if err != nil {
+		return nil, err
+	}
+	return map[string]string{
+		LabelOwner:      strconv.Itoa(pid),
+		LabelOwnerStart: strconv.FormatUint(st, 10),
+		LabelBoot:       boot,
+	}, nil
+}

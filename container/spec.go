@@ -1,0 +1,227 @@
+package container
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/go-units"
+
+	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/image"
+)
+
+// Labels every container of moat carries. LabelOwner, LabelOwnerStart and
+// LabelBoot name the moat process that made it, so that a later moat can
+// tell whether that process is gone and remove what it left.
+const (
+	LabelSandbox    = "moat.sandbox"     // "1"
+	LabelLevel      = "moat.level"       // "container"
+	LabelOwner      = "moat.owner"       // the owner's pid
+	LabelOwnerStart = "moat.owner.start" // the owner's start time, in clock ticks since boot
+	LabelBoot       = "moat.boot"        // the boot id of the owner's machine
+)
+
+// The writable places of a run and their share of Limits.Disk: the
+// working directory, /tmp and /dev/shm are separate tmpfs mounts whose sizes
+// add up to the disk limit, so that the limit covers every writable place.
+const (
+	tmpShare = 4  // /tmp gets Disk/4
+	shmShare = 16 // /dev/shm gets Disk/16; the working directory the rest
+	// inodeBytes is the disk space each inode of a tmpfs stands for: a
+	// mount of N bytes holds at most N/inodeBytes files.
+	inodeBytes = 8 << 10
+)
+
+// spec is everything a run's container is made with, computed once per
+// Sandbox from its Config. It renders as the Engine API's structures and as
+// the docker CLI's flags, so that the API and the CLI run the same thing.
+type spec struct {
+	image   string
+	runtime string
+	user    string
+	python  string
+	limits  moat.Limits
+	cpus    float64
+	labels  map[string]string
+	mounts  []tmpfs
+}
+
+type tmpfs struct {
+	path string
+	size int64
+	opts string // mount options, size and inodes included
+}
+
+// cmd is the container's command. A shell is PID 1 and Python its child:
+// the kernel ignores signals that a PID namespace's init sends itself, so
+// Python as PID 1 could not die of its own SIGSEGV, and its exit status
+// would hide a signal. The shell drops the HOSTNAME that Docker always sets
+// and passes Python's status on (128+N for signal N).
+func (s *spec) cmd() []string {
+	return []string{"/bin/sh", "-c", "unset HOSTNAME; " + s.python + " -; exit $?"}
+}
+
+func (s *spec) env() []string {
+	return []string{
+		"PATH=/usr/local/bin:/usr/bin:/bin",
+		"HOME=" + image.WorkDir,
+		"LANG=C.UTF-8",
+	}
+}
+
+func newSpec(cfg Config, runtime string, owner map[string]string) *spec {
+	l := cfg.Limits.WithDefaults()
+	s := &spec{
+		image:   cfg.Image,
+		runtime: runtime,
+		user:    cfg.User,
+		python:  cfg.Python,
+		limits:  l,
+		cpus:    cfg.CPUs,
+		labels:  map[string]string{LabelSandbox: "1", LabelLevel: string(moat.LevelContainer)},
+	}
+	for k, v := range owner {
+		s.labels[k] = v
+	}
+	disk := int64(l.Disk)
+	shm := pageRound(disk / shmShare)
+	tmp := pageRound(disk / tmpShare)
+	work := pageRound(disk - shm - tmp)
+	uid, gid, _ := strings.Cut(s.user, ":")
+	if gid == "" {
+		gid = uid
+	}
+	mk := func(path string, size int64, mode string) tmpfs {
+		inodes := max(size/inodeBytes, 64)
+		return tmpfs{path: path, size: size, opts: fmt.Sprintf(
+			"rw,nosuid,nodev,noexec,size=%d,nr_inodes=%d,mode=%s,uid=%s,gid=%s", size, inodes, mode, uid, gid)}
+	}
+	s.mounts = []tmpfs{
+		mk(image.WorkDir, work, "0700"),
+		mk("/tmp", tmp, "1777"),
+		mk("/dev/shm", shm, "1777"),
+	}
+	return s
+}
+
+func pageRound(n int64) int64 {
+	const page = 4096
+	if n < page {
+		return page
+	}
+	return n / page * page
+}
+
+// config is the container's configuration: the command, the user, the
+// environment, no network, stdin open for the code.
+func (s *spec) config() *container.Config {
+	return &container.Config{
+		Image:           s.image,
+		Cmd:             s.cmd(),
+		Env:             s.env(),
+		User:            s.user,
+		WorkingDir:      image.WorkDir,
+		Hostname:        "sandbox",
+		Labels:          s.labels,
+		NetworkDisabled: true,
+		AttachStdin:     true,
+		AttachStdout:    true,
+		AttachStderr:    true,
+		OpenStdin:       true,
+		StdinOnce:       true,
+		Tty:             false,
+		StopSignal:      "SIGKILL",
+	}
+}
+
+// hostConfig is every hardening item of the level; see the package doc.
+func (s *spec) hostConfig() *container.HostConfig {
+	l := s.limits
+	pids := int64(l.Pids)
+	tmpfs := map[string]string{}
+	for _, m := range s.mounts {
+		tmpfs[m.path] = m.opts
+	}
+	return &container.HostConfig{
+		NetworkMode:    "none",
+		ReadonlyRootfs: true,
+		Tmpfs:          tmpfs,
+		IpcMode:        "private",
+		ShmSize:        s.mounts[2].size,
+		CapDrop:        []string{"ALL"},
+		SecurityOpt:    []string{"no-new-privileges:true"},
+		Privileged:     false,
+		PidMode:        "",                                // a PID namespace of its own
+		UTSMode:        "",                                // a hostname of its own
+		CgroupnsMode:   "private",                         // its own view of its cgroups
+		UsernsMode:     "",                                // the daemon's default
+		Runtime:        s.runtime,                         // a runc with the November 2025 fixes
+		LogConfig:      container.LogConfig{Type: "none"}, // the output goes to moat only, never to the host's disk
+		AutoRemove:     false,                             // removed by moat after it read the exit state
+		OomScoreAdj:    1000,                              // the first to go if the host runs out of memory
+		Init:           new(bool),                         // no docker-init bind-mounted from the host
+		Resources: container.Resources{
+			Memory:     int64(l.Memory),
+			MemorySwap: int64(l.Memory), // swap equal to memory: no swap
+			PidsLimit:  &pids,
+			NanoCPUs:   int64(s.cpus * 1e9),
+			Ulimits:    s.ulimits(),
+		},
+	}
+}
+
+func (s *spec) ulimits() []*units.Ulimit {
+	l := s.limits
+	cpu := int64(time.Duration(l.CPUTime).Seconds())
+	if cpu < 1 {
+		cpu = 1
+	}
+	return []*units.Ulimit{
+		{Name: "nofile", Soft: int64(l.OpenFiles), Hard: int64(l.OpenFiles)},
+		{Name: "fsize", Soft: int64(l.FileSize), Hard: int64(l.FileSize)},
+		{Name: "core", Soft: 0, Hard: 0},
+		// Per process; the cgroup's CPU usage, watched from the host, covers
+		// the whole tree.
+		{Name: "cpu", Soft: cpu, Hard: cpu + 1},
+	}
+}
+
+// cliArgs renders the spec as `docker run` flags, the image and the
+// command; the CLI's --rm stands for moat's explicit removal.
+func (s *spec) cliArgs() []string {
+	hc := s.hostConfig()
+	a := []string{"run", "--rm", "-i",
+		"--network=none", "--read-only",
+		"--ipc=private", "--shm-size=" + strconv.FormatInt(hc.ShmSize, 10),
+		"--cap-drop=ALL", "--security-opt=no-new-privileges:true",
+		"--cgroupns=private", "--log-driver=none",
+		"--oom-score-adj=1000",
+		"--user=" + s.user, "--workdir=" + image.WorkDir, "--hostname=sandbox",
+		"--memory=" + strconv.FormatInt(hc.Memory, 10),
+		"--memory-swap=" + strconv.FormatInt(hc.MemorySwap, 10),
+		"--pids-limit=" + strconv.FormatInt(*hc.PidsLimit, 10),
+		"--cpus=" + strconv.FormatFloat(s.cpus, 'f', -1, 64),
+	}
+	if s.runtime != "" {
+		a = append(a, "--runtime="+s.runtime)
+	}
+	for _, m := range s.mounts {
+		a = append(a, "--tmpfs="+m.path+":"+m.opts)
+	}
+	for _, u := range hc.Ulimits {
+		a = append(a, fmt.Sprintf("--ulimit=%s=%d:%d", u.Name, u.Soft, u.Hard))
+	}
+	for _, e := range s.env() {
+		a = append(a, "--env="+e)
+	}
+	for _, k := range slices.Sorted(maps.Keys(s.labels)) {
+		a = append(a, "--label="+k+"="+s.labels[k])
+	}
+	a = append(a, s.image)
+	return append(a, s.cmd()...)
+}

@@ -1,0 +1,321 @@
+package container
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// A watch observes one running container from the host, where the code
+// cannot tamper with what is seen:
+//
+//   - the pids cgroup's "max" event counter (pids.events), which the kernel
+//     raises when it refuses a fork. On cgroup v1 it counts only in the
+//     container's own cgroup and the kernel sends no change notification for
+//     it, and Docker removes the cgroup soon after the container ends; so the
+//     watch reads it on every tick and once more the moment the container's
+//     init exits (a pidfd tells), before Docker's clean-up can remove it;
+//   - the cgroup's CPU usage (cpuacct.usage, or usage_usec in cpu.stat),
+//     read every pollEvery, against the CPU time limit of the whole tree
+//     (RLIMIT_CPU only bounds each process);
+//   - the run's tmpfs mounts, opened through /proc/PID/root while the
+//     container runs: the open directories keep each mount alive after the
+//     container is gone, so that moat can see, after the run, whether one is
+//     full (disk) and whether a file reached the file size limit (filesize,
+//     which Python gets as EFBIG: it ignores SIGXFSZ).
+//
+// Memory is judged from Docker's record of the OOM killer (OOMKilled).
+type watch struct {
+	mounts []*os.File // the tmpfs roots; closed by close
+
+	pidfd      int // the container's init, readable once it exited
+	pidsEvents *os.File
+	cpuFile    string
+	cpuV2      bool
+	cpuLimit   time.Duration
+	onCPU      func() // called once when the CPU limit is passed
+
+	pidsHit atomic.Bool
+	cpuHit  atomic.Bool
+
+	stopR, stopW *os.File
+	done         chan struct{}
+	closeOnce    sync.Once
+}
+
+// pollEvery is how often the watch reads the CPU usage.
+const pollEvery = 50 * time.Millisecond
+
+// startWatch opens what the watch needs of the container whose init is
+// pid and starts polling. Paths are the tmpfs mount points inside the
+// container. A missing piece is an error: the run must not go on unwatched.
+func startWatch(pid int, paths []string, cpuLimit time.Duration, onCPU func()) (*watch, error) {
+	w := &watch{pidfd: -1, cpuLimit: cpuLimit, onCPU: onCPU, done: make(chan struct{})}
+	fail := func(err error) (*watch, error) {
+		w.close()
+		return nil, err
+	}
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return fail(fmt.Errorf("container: pidfd of the run's init: %w", err))
+	}
+	w.pidfd = pidfd
+	root := fmt.Sprintf("/proc/%d/root", pid)
+	for _, p := range paths {
+		f, err := os.OpenFile(filepath.Join(root, p), os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
+		if err != nil {
+			return fail(fmt.Errorf("container: open the run's %s from the host: %w", p, err))
+		}
+		w.mounts = append(w.mounts, f)
+		var st unix.Statfs_t
+		if err := unix.Fstatfs(int(f.Fd()), &st); err != nil || st.Type != unix.TMPFS_MAGIC {
+			return fail(fmt.Errorf("container: the run's %s is not the tmpfs moat mounted (statfs type %#x, %v)", p, st.Type, err))
+		}
+	}
+	cg, err := cgroupPaths(pid)
+	if err != nil {
+		return fail(err)
+	}
+	if w.pidsEvents, err = os.Open(cg.pidsEvents); err != nil {
+		return fail(fmt.Errorf("container: open the run's pids events: %w", err))
+	}
+	w.cpuFile, w.cpuV2 = cg.cpu, cg.v2
+	if _, err := w.cpuUsage(); err != nil {
+		return fail(fmt.Errorf("container: read the run's CPU usage: %w", err))
+	}
+	if w.stopR, w.stopW, err = os.Pipe(); err != nil {
+		return fail(fmt.Errorf("container: %w", err))
+	}
+	w.readPids()
+	go w.loop()
+	return w, nil
+}
+
+func (w *watch) loop() {
+	defer close(w.done)
+	fds := []unix.PollFd{
+		{Fd: int32(w.pidfd), Events: unix.POLLIN},
+		{Fd: int32(w.stopR.Fd()), Events: unix.POLLIN},
+	}
+	for {
+		fds[0].Revents, fds[1].Revents = 0, 0
+		_, err := unix.Poll(fds, int(pollEvery/time.Millisecond))
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			return
+		}
+		if fds[1].Revents != 0 {
+			return
+		}
+		// Read on every tick, and once more the moment the init exits: the
+		// cgroup lives on until Docker's clean-up removes it, milliseconds
+		// later, so the last count is read before it goes.
+		if !w.readPids() || fds[0].Revents != 0 {
+			return
+		}
+		if w.cpuLimit > 0 && !w.cpuHit.Load() {
+			if used, err := w.cpuUsage(); err == nil && used >= w.cpuLimit {
+				w.cpuHit.Store(true)
+				w.onCPU()
+			}
+		}
+	}
+}
+
+// readPids reads pids.events ("max N") and records a refused fork. It
+// reports whether the file could be read.
+func (w *watch) readPids() bool {
+	buf := make([]byte, 128)
+	n, err := w.pidsEvents.ReadAt(buf, 0)
+	if n == 0 && err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(buf[:n]), "\n") {
+		if k, v, ok := strings.Cut(line, " "); ok && k == "max" {
+			if c, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil && c > 0 {
+				w.pidsHit.Store(true)
+			}
+		}
+	}
+	return true
+}
+
+func (w *watch) cpuUsage() (time.Duration, error) {
+	b, err := os.ReadFile(w.cpuFile)
+	if err != nil {
+		return 0, err
+	}
+	if !w.cpuV2 {
+		ns, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		return time.Duration(ns), err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "usage_usec "); ok {
+			us, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return time.Duration(us) * time.Microsecond, err
+		}
+	}
+	return 0, errors.New("no usage_usec in cpu.stat")
+}
+
+// stop ends the polling; the mounts stay open for the verdicts.
+func (w *watch) stop() {
+	w.closeOnce.Do(func() {
+		if w.stopW != nil {
+			w.stopW.Write([]byte{1})
+			<-w.done
+		}
+	})
+}
+
+// close stops the watch and releases everything it holds.
+func (w *watch) close() {
+	w.stop()
+	if w.pidfd >= 0 {
+		unix.Close(w.pidfd)
+		w.pidfd = -1
+	}
+	for _, f := range []*os.File{w.pidsEvents, w.stopR, w.stopW} {
+		if f != nil {
+			f.Close()
+		}
+	}
+	for _, f := range w.mounts {
+		f.Close()
+	}
+	w.mounts = nil
+}
+
+// diskFull reports whether one of the run's tmpfs mounts has no block or no
+// inode left.
+func (w *watch) diskFull() bool {
+	for _, f := range w.mounts {
+		var st unix.Statfs_t
+		if unix.Fstatfs(int(f.Fd()), &st) == nil && (st.Bfree == 0 || st.Ffree == 0) {
+			return true
+		}
+	}
+	return false
+}
+
+// fileAtLimit reports whether a file in the run's mounts reached limit
+// bytes.
+func (w *watch) fileAtLimit(limit int64) bool {
+	for _, f := range w.mounts {
+		found := false
+		// The trailing slash makes WalkDir follow the magic link.
+		root := fmt.Sprintf("/proc/self/fd/%d/", f.Fd())
+		filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+			if err != nil || found {
+				return filepath.SkipDir
+			}
+			if d.Type().IsRegular() {
+				if info, err := d.Info(); err == nil && info.Size() >= limit {
+					found = true
+					return filepath.SkipAll
+				}
+			}
+			return nil
+		})
+		if found {
+			return true
+		}
+	}
+	return false
+}
+
+// cgroupFiles are the files of a process's cgroups that the watch reads.
+type cgroupFiles struct {
+	pidsEvents string
+	cpu        string
+	v2         bool
+}
+
+// cgroupPaths finds the pids and CPU accounting files of pid's cgroups, on
+// cgroup v1 (pids.events, cpuacct.usage) or v2 (pids.events, cpu.stat).
+func cgroupPaths(pid int) (cgroupFiles, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return cgroupFiles{}, fmt.Errorf("container: the run's cgroups: %w", err)
+	}
+	mounts, err := cgroupMounts()
+	if err != nil {
+		return cgroupFiles{}, err
+	}
+	var pidsDir, cpuDir, v2Dir string
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		parts := strings.SplitN(sc.Text(), ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		if parts[0] == "0" && parts[1] == "" {
+			if m, ok := mounts[""]; ok {
+				v2Dir = filepath.Join(m, parts[2])
+			}
+			continue
+		}
+		for _, c := range strings.Split(parts[1], ",") {
+			if m, ok := mounts[c]; ok {
+				switch c {
+				case "pids":
+					pidsDir = filepath.Join(m, parts[2])
+				case "cpuacct":
+					cpuDir = filepath.Join(m, parts[2])
+				}
+			}
+		}
+	}
+	if pidsDir != "" && cpuDir != "" {
+		return cgroupFiles{pidsEvents: filepath.Join(pidsDir, "pids.events"), cpu: filepath.Join(cpuDir, "cpuacct.usage")}, nil
+	}
+	if v2Dir != "" {
+		if _, err := os.Stat(filepath.Join(v2Dir, "pids.events")); err == nil {
+			return cgroupFiles{pidsEvents: filepath.Join(v2Dir, "pids.events"), cpu: filepath.Join(v2Dir, "cpu.stat"), v2: true}, nil
+		}
+	}
+	return cgroupFiles{}, fmt.Errorf("container: no pids and CPU accounting cgroups for the run (pid %d)", pid)
+}
+
+// cgroupMounts maps each v1 controller to its mount point, and "" to the
+// cgroup v2 mount point, from this process's mountinfo.
+func cgroupMounts() (map[string]string, error) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, fmt.Errorf("container: %w", err)
+	}
+	m := map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		pre, post, ok := strings.Cut(line, " - ")
+		if !ok {
+			continue
+		}
+		pf, qf := strings.Fields(pre), strings.Fields(post)
+		if len(pf) < 5 || len(qf) < 3 {
+			continue
+		}
+		switch qf[0] {
+		case "cgroup2":
+			if _, seen := m[""]; !seen {
+				m[""] = pf[4]
+			}
+		case "cgroup":
+			for _, o := range strings.Split(qf[2], ",") {
+				if _, seen := m[o]; !seen {
+					m[o] = pf[4]
+				}
+			}
+		}
+	}
+	return m, nil
+}
