@@ -1,0 +1,54 @@
+// Package sandboxtest is the conformance suite every moat isolation level
+// must pass: one call checks that an implementation of [moat.Sandbox] keeps
+// the contract, in the spirit of testing/fstest.TestFS and containerd's
+// snapshot test suite.
+//
+// A level runs it from its own test file with one line:
+//
+//	func TestConformance(t *testing.T) {
+//		sandboxtest.Run(t, func(t *testing.T, l moat.Limits) moat.Sandbox {
+//			sb, err := subprocess.New(subprocess.Config{Limits: l})
+//			if err != nil {
+//				t.Fatal(err)
+//			}
+//			return sb
+//		}, sandboxtest.Options{})
+//	}
+//
+// The factory builds a sandbox with the limits a check needs (small ones, to
+// stay fast); the suite closes it. A level that keeps things on the host
+// (containers, VMs, state directories) passes [Options.Leftovers] so that the
+// suite can fail when one outlives its sandbox.
+//
+// What the suite checks, one subtest each (run one alone with
+// -run 'TestConformance/Limits/Memory'):
+//
+//   - Streams, ExitCode, Result: stdout and stderr kept apart and exact, exit
+//     codes, an uncaught exception, the Result's level and duration.
+//   - Request: empty code is refused with [moat.ErrInvalid]; code holding NUL
+//     bytes or invalid UTF-8 is Python's syntax error, not the sandbox's;
+//     output that is not UTF-8 comes back byte for byte and the Result still
+//     marshals to JSON.
+//   - Environment: no variable of the host reaches the code, through its
+//     environment or another process's /proc/<pid>/environ; stdin is empty.
+//   - WorkDir: writable, fresh per run, and gone from the host afterwards.
+//   - Limits: wall time (a tree that calls setsid and ignores SIGTERM is
+//     killed whole), CPU time (of one process and of the tree), memory (of
+//     one process and of the tree), processes, file size, disk, output and
+//     open files, each with the Reason the contract names.
+//   - Signal, Cancel, Concurrency, Close: a crash by signal, cancelling
+//     before and during a run, many runs at once, and closing.
+//   - NoLeaks, after everything: no goroutine of the test process left.
+//
+// After each subtest, once its sandboxes are closed, the suite checks that
+// the level reports no leftovers and that the test process has no child it
+// did not have before. Checks that start processes mark them with a random
+// string in their command line and fail if the host still has one shortly
+// after Run returns; checks that write files name them with a random string
+// and search the host's temporary and state directories for it.
+//
+// The suite judges from the host where it can (processes, files) and never
+// from the level's own word alone. It needs python3 in the sandbox, runs as
+// the level's tests run (as root on CI), and must not be called from a
+// parallel test.
+package sandboxtest
