@@ -682,8 +682,9 @@ func (r *run) exec(ctx context.Context, arg []byte) (*moat.Result, error) {
 // watchCPU kills p, the helper, once the run's cgroup has used limit of
 // CPU time, and sets over. The returned function stops watching.
 func (r *run) watchCPU(p *os.Process, limit time.Duration, over *atomic.Bool) (stop func()) {
-	done := make(chan struct{})
+	done, finished := make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(finished)
 		tick := time.NewTicker(cpuPoll)
 		defer tick.Stop()
 		for {
@@ -700,7 +701,7 @@ func (r *run) watchCPU(p *os.Process, limit time.Duration, over *atomic.Bool) (s
 			}
 		}
 	}()
-	return func() { close(done) }
+	return func() { close(done); <-finished }
 }
 
 // cpuPoll is how often a run's CPU account is read. A run overshoots its

@@ -291,7 +291,6 @@ func (g *Group) Remove() error {
 			errs = append(errs, err)
 		}
 	}
-	g.dirs = nil
 	return errors.Join(errs...)
 }
 
