@@ -38,6 +38,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/moatsandbox/moat"
 )
 
 // RecipeVersion names the way the root filesystem is made from its packages
@@ -119,8 +121,15 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// Validate reports whether c can be built.
+// Validate reports whether c can be built. The error wraps moat.ErrInvalid.
 func (c Config) Validate() error {
+	if err := c.validate(); err != nil {
+		return fmt.Errorf("%w: %w", err, moat.ErrInvalid)
+	}
+	return nil
+}
+
+func (c Config) validate() error {
 	c = c.WithDefaults()
 	if !filepath.IsAbs(c.StateDir) {
 		return fmt.Errorf("image: state dir %q is not an absolute path", c.StateDir)
