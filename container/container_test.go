@@ -19,6 +19,7 @@ import (
 	"github.com/docker/docker/client"
 
 	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/attack"
 	moatcontainer "github.com/moatsandbox/moat/container"
 	"github.com/moatsandbox/moat/image"
 	"github.com/moatsandbox/moat/sandboxtest"
@@ -358,4 +359,29 @@ func BenchmarkCLI(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// TestAttacks runs the six hostile programs at this level: each must be
+// blocked.
+func TestAttacks(t *testing.T) {
+	needEngine(t)
+	ctx := context.Background()
+	env, err := attack.Plant(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Close()
+	sb := factory(t, moat.Limits{WallTime: moat.Duration(5 * time.Second)})
+	defer sb.Close()
+	var outs []attack.Outcome
+	for _, name := range attack.All {
+		o := attack.Run(ctx, sb, env, name)
+		outs = append(outs, o)
+		if !o.Blocked {
+			t.Errorf("attack %s: %s (%s): %s", name, o.Verdict, o.How, o.Detail)
+		}
+	}
+	var b strings.Builder
+	attack.Scoreboard(&b, outs)
+	t.Logf("\n%s", b.String())
 }
