@@ -1,0 +1,69 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+
+	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/mcpserver"
+)
+
+func init() {
+	commandUsage["mcp"] = "moat mcp [flags] [--http ADDR]"
+}
+
+// cmdMCP serves the run_python tool over MCP: over stdio (the default, for
+// a client that starts moat), or streamable HTTP on a loopback address.
+func cmdMCP(ctx context.Context, args []string, stdio Stdio) int {
+	fs := newFlagSet("mcp")
+	sf := addSandboxFlags(fs)
+	addr := fs.String("http", "", "serve streamable HTTP on ADDR, a loopback address such as "+mcpserver.DefaultAddr+", instead of stdio")
+	var maxCode, maxOutput moat.Bytes
+	fs.Var(&maxCode, "max-code", "largest program the tool accepts (default 1MiB)")
+	fs.Var(&maxOutput, "tool-output", "how much of each output stream a tool result shows (default 8KiB)")
+	if code, ok := parseFlags(fs, args, stdio); !ok {
+		return code
+	}
+	if fs.NArg() > 0 {
+		return exitFor(stdio, fmt.Errorf("mcp: unexpected argument %q (the tool's code comes from the client): %w", fs.Arg(0), moat.ErrInvalid))
+	}
+	httpMode := false
+	fs.Visit(func(f *flag.Flag) { httpMode = httpMode || f.Name == "http" })
+
+	// Logs go to stderr: over stdio, stdout is the protocol's.
+	cfg := mcpserver.Config{MaxCode: int(maxCode), MaxOutput: int(maxOutput), Logger: slog.New(slog.NewTextHandler(stdio.Err, nil))}
+	if err := cfg.Validate(); err != nil {
+		return exitFor(stdio, err)
+	}
+	// Listen first: a refused address needs no sandbox.
+	var ln net.Listener
+	if httpMode {
+		var err error
+		if ln, err = mcpserver.Listen(*addr); err != nil {
+			return exitFor(stdio, err)
+		}
+		defer ln.Close()
+	}
+	sb, err := sf.open(ctx)
+	if err != nil {
+		return exitFor(stdio, err)
+	}
+	defer sb.Close()
+	srv, err := mcpserver.New(sb, cfg)
+	if err != nil {
+		return exitFor(stdio, err)
+	}
+	if httpMode {
+		fmt.Fprintf(stdio.Err, "moat: mcp: serving run_python (level %s) over streamable HTTP at http://%s/\n", sb.Level(), ln.Addr())
+		err = srv.Serve(ctx, ln)
+	} else {
+		err = srv.Run(ctx, srv.Stdio(stdio.In, stdio.Out))
+	}
+	if err != nil {
+		return exitFor(stdio, err)
+	}
+	return exitOK
+}
