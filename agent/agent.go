@@ -250,6 +250,11 @@ func (a *Agent) Run(ctx context.Context, task string) (*Answer, error) {
 		}
 		if ans.Turns == a.cfg.MaxTurns {
 			// The results could not be sent back: do not run the code.
+			for _, block := range msg.Content {
+				if use, ok := block.AsAny().(anthropic.ToolUseBlock); ok {
+					fmt.Fprintf(a.out, "%s call not run (no turn left for its result):\n%s", use.Name, indent(clip(string(use.Input))))
+				}
+			}
 			break
 		}
 		var results []anthropic.ContentBlockParamUnion
