@@ -95,6 +95,11 @@ type Config struct {
 	User string `json:"user,omitempty"`
 	// CPUs is the CPU quota, in CPUs. Zero means 1.
 	CPUs float64 `json:"cpus,omitempty"`
+	// Warm is how many containers the sandbox keeps created and attached
+	// ahead of runs (nothing runs in them until a run starts one), which
+	// takes their creation out of a run's time. Zero means 1; a negative
+	// number means none.
+	Warm int `json:"warm,omitempty"`
 	// Logger receives debug logs. Nil means discard.
 	Logger *slog.Logger `json:"-"`
 }
@@ -117,6 +122,10 @@ func (c Config) withDefaults() (Config, error) {
 	if c.CPUs == 0 {
 		c.CPUs = 1
 	}
+	if c.Warm == 0 {
+		c.Warm = 1
+	}
+	c.Warm = max(c.Warm, 0)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -146,6 +155,13 @@ type Sandbox struct {
 	spec  *spec
 	log   *slog.Logger
 	notes []string
+
+	// The pool of prepared containers: fill keeps it full, one container
+	// per token in refill, until quit closes; then it closes fillDone.
+	pool     chan *prepared
+	refill   chan struct{}
+	quit     chan struct{}
+	fillDone chan struct{}
 
 	mu     sync.Mutex
 	closed bool
@@ -204,12 +220,21 @@ func New(cfg Config) (*Sandbox, error) {
 		cfg.Logger.Info("container: removed containers of dead moat processes", "ids", removed)
 	}
 	ok = true
-	return &Sandbox{
-		cli:   cli,
-		spec:  newSpec(cfg, eng.runtime, owner),
-		log:   cfg.Logger,
-		notes: notes,
-	}, nil
+	s := &Sandbox{
+		cli:      cli,
+		spec:     newSpec(cfg, eng.runtime, owner),
+		log:      cfg.Logger,
+		notes:    notes,
+		pool:     make(chan *prepared, cfg.Warm),
+		refill:   make(chan struct{}, cfg.Warm),
+		quit:     make(chan struct{}),
+		fillDone: make(chan struct{}),
+	}
+	for range cfg.Warm {
+		s.refill <- struct{}{}
+	}
+	go s.fill()
+	return s, nil
 }
 
 func newClient() (*client.Client, error) {
@@ -224,8 +249,8 @@ func unavailable(reason, remedy string, err error) error {
 func (s *Sandbox) Level() moat.Level { return moat.LevelContainer }
 
 // Close makes later runs fail with moat.ErrClosed, waits for the runs in
-// progress and releases the engine connection. It may be called more than
-// once.
+// progress, removes the containers prepared ahead of runs and releases the
+// engine connection. It may be called more than once.
 func (s *Sandbox) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -235,6 +260,9 @@ func (s *Sandbox) Close() error {
 	s.closed = true
 	s.mu.Unlock()
 	s.runs.Wait()
+	close(s.quit)
+	<-s.fillDone
+	s.drain()
 	return s.cli.Close()
 }
 
@@ -264,42 +292,32 @@ func (s *Sandbox) Run(ctx context.Context, req moat.Request) (*moat.Result, erro
 		return nil, err
 	}
 	start := time.Now()
-
-	created, err := s.cli.ContainerCreate(ctx, s.spec.config(), s.spec.hostConfig(), nil, nil, "")
+	p, err := s.take()
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		if errdefs.IsNotFound(err) {
-			return nil, unavailable(fmt.Sprintf("image %s is not in the Docker engine", s.spec.image), "run 'moat image build'", err)
-		}
-		return nil, fmt.Errorf("container: create: %w", err)
+		return nil, err
 	}
-	id := created.ID
 	// Whatever happens from here on, the container goes, under a context of
 	// its own: the caller's may be cancelled already.
-	defer s.remove(id)
+	defer s.discard(p)
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return s.run(ctx, p, req, start)
+}
 
+func (s *Sandbox) run(ctx context.Context, p *prepared, req moat.Request, start time.Time) (*moat.Result, error) {
 	// The run's own context: it outlives the caller's cancellation long
 	// enough to kill the container and read its end.
 	rctx, rcancel := context.WithCancel(context.Background())
 	defer rcancel()
-	return s.run(ctx, rctx, id, req, start)
-}
-
-func (s *Sandbox) run(ctx, rctx context.Context, id string, req moat.Request, start time.Time) (*moat.Result, error) {
+	id, hj, waitC, waitErrC := p.id, p.hj, p.waitC, p.waitErrC
 	lim := s.spec.limits
 	stdout := capture.New(int64(lim.Output), req.Stdout)
 	stderr := capture.New(int64(lim.Output), req.Stderr)
 
-	// Wait first, then attach, then start: the wait is acknowledged before
-	// the container can exit, and the attach before it can write.
-	waitC, waitErrC := s.cli.ContainerWait(rctx, id, container.WaitConditionNextExit)
-	hj, err := s.cli.ContainerAttach(rctx, id, container.AttachOptions{Stream: true, Stdin: true, Stdout: true, Stderr: true})
-	if err != nil {
-		return s.setupFailed(ctx, "attach", err)
-	}
-	defer hj.Close()
 	if err := s.cli.ContainerStart(rctx, id, container.StartOptions{}); err != nil {
 		return s.setupFailed(ctx, "start", err)
 	}
@@ -349,8 +367,9 @@ func (s *Sandbox) run(ctx, rctx context.Context, id string, req moat.Request, st
 	exited := false
 	select {
 	case exit = <-waitC:
-		exited = true
+		exited, p.waited = true, true
 	case err := <-waitErrC:
+		p.waited = true
 		return nil, fmt.Errorf("container: wait: %w", err)
 	case <-wall.C:
 		kill(moat.ReasonTimeout)
@@ -358,6 +377,7 @@ func (s *Sandbox) run(ctx, rctx context.Context, id string, req moat.Request, st
 		kill(moat.ReasonCanceled)
 	}
 	if !exited {
+		p.waited = true
 		select {
 		case exit = <-waitC:
 		case err := <-waitErrC:

@@ -1,0 +1,144 @@
+package container
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/docker/docker/api/types"
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/errdefs"
+)
+
+// A prepared container is created, waited for and attached to, but not
+// started: nothing has run in it. Preparing one takes the engine tens of
+// milliseconds (more when it is busy); a Sandbox keeps Config.Warm of them
+// ready so that a run only starts one. Each is used by one run at most.
+type prepared struct {
+	id       string
+	hj       types.HijackedResponse
+	waitC    <-chan container.WaitResponse
+	waitErrC <-chan error
+	cancel   context.CancelFunc // ends the wait and the attach
+	waited   bool               // a run received from waitC or waitErrC
+}
+
+// createTimeout bounds the preparation of a container.
+const createTimeout = time.Minute
+
+// prepare creates a container and registers the wait and the attach that a
+// run needs before it starts. The engine is asked under a context of its
+// own, never the caller's: a create cancelled in flight may still make a
+// container whose id moat would never learn. The caller owns the result and
+// must pass it to discard once done.
+func (s *Sandbox) prepare() (*prepared, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), createTimeout)
+	defer cancel()
+	created, err := s.cli.ContainerCreate(ctx, s.spec.config(), s.spec.hostConfig(), nil, nil, "")
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return nil, unavailable(fmt.Sprintf("image %s is not in the Docker engine", s.spec.image), "run 'moat image build'", err)
+		}
+		return nil, fmt.Errorf("container: create: %w", err)
+	}
+	// The wait and the attach live as long as the container: their context
+	// is ended by discard.
+	lctx, lcancel := context.WithCancel(context.Background())
+	p := &prepared{id: created.ID, cancel: lcancel}
+	// Wait first, then attach: the wait is acknowledged before the container
+	// can exit, and the attach before it can write.
+	p.waitC, p.waitErrC = s.cli.ContainerWait(lctx, p.id, container.WaitConditionNextExit)
+	select {
+	case err := <-p.waitErrC:
+		s.discard(p)
+		return nil, fmt.Errorf("container: wait: %w", err)
+	default:
+	}
+	p.hj, err = s.cli.ContainerAttach(lctx, p.id, container.AttachOptions{Stream: true, Stdin: true, Stdout: true, Stderr: true})
+	if err != nil {
+		s.discard(p)
+		return nil, fmt.Errorf("container: attach: %w", err)
+	}
+	return p, nil
+}
+
+// discard releases p and removes its container, killing it first if it
+// runs.
+func (s *Sandbox) discard(p *prepared) {
+	if p.hj.Conn != nil {
+		p.hj.Close()
+	}
+	p.cancel()
+	if !p.waited {
+		// The client's wait goroutine ends once it handed over its answer:
+		// the cancellation's error, or an exit it had already read.
+		select {
+		case <-p.waitC:
+		case <-p.waitErrC:
+		case <-time.After(5 * time.Second):
+		}
+	}
+	s.remove(p.id)
+}
+
+// take returns a prepared container: one from the pool when there is one
+// (and asks the filler for another), else a new one.
+func (s *Sandbox) take() (*prepared, error) {
+	select {
+	case p := <-s.pool:
+		select {
+		case s.refill <- struct{}{}:
+		default:
+		}
+		return p, nil
+	default:
+	}
+	return s.prepare()
+}
+
+// fill keeps the pool full until quit closes: one container per token in
+// refill. It retries a failed preparation with a growing pause, so a broken
+// engine is not hammered; runs then prepare their own and report the error.
+func (s *Sandbox) fill() {
+	defer close(s.fillDone)
+	pause := 100 * time.Millisecond
+	for {
+		select {
+		case <-s.quit:
+			return
+		case <-s.refill:
+		}
+		for {
+			p, err := s.prepare()
+			if err == nil {
+				pause = 100 * time.Millisecond
+				select {
+				case s.pool <- p:
+				default: // cannot happen: tokens never outnumber free slots
+					s.discard(p)
+				}
+				break
+			}
+			s.log.Debug("container: preparing a container ahead of runs", "err", err, "retry_in", pause)
+			select {
+			case <-s.quit:
+				return
+			case <-time.After(pause):
+			}
+			pause = min(2*pause, 30*time.Second)
+		}
+	}
+}
+
+// drain removes the prepared containers of the pool. The filler must have
+// stopped.
+func (s *Sandbox) drain() {
+	for {
+		select {
+		case p := <-s.pool:
+			s.discard(p)
+		default:
+			return
+		}
+	}
+}
