@@ -280,7 +280,7 @@ func (s *Sandbox) enter() error {
 const removeTimeout = 30 * time.Second
 
 // Run runs req.Code in a fresh container. See moat.Sandbox.
-func (s *Sandbox) Run(ctx context.Context, req moat.Request) (*moat.Result, error) {
+func (s *Sandbox) Run(ctx context.Context, req moat.Request) (res *moat.Result, err error) {
 	if len(req.Code) == 0 {
 		return nil, fmt.Errorf("container: empty code: %w", moat.ErrInvalid)
 	}
@@ -300,15 +300,21 @@ func (s *Sandbox) Run(ctx context.Context, req moat.Request) (*moat.Result, erro
 		return nil, err
 	}
 	// Whatever happens from here on, the container goes, under a context of
-	// its own: the caller's may be cancelled already.
-	defer s.discard(p)
+	// its own: the caller's may be cancelled already. The Result's Duration
+	// counts the clean-up.
+	defer func() {
+		s.discard(p)
+		if res != nil {
+			res.Duration = time.Since(start)
+		}
+	}()
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return s.run(ctx, p, req, start)
+	return s.run(ctx, p, req)
 }
 
-func (s *Sandbox) run(ctx context.Context, p *prepared, req moat.Request, start time.Time) (*moat.Result, error) {
+func (s *Sandbox) run(ctx context.Context, p *prepared, req moat.Request) (*moat.Result, error) {
 	// The run's own context: it outlives the caller's cancellation long
 	// enough to kill the container and read its end.
 	rctx, rcancel := context.WithCancel(context.Background())
@@ -384,7 +390,6 @@ func (s *Sandbox) run(ctx context.Context, p *prepared, req moat.Request, start 
 			return nil, fmt.Errorf("container: wait after the kill: %w", err)
 		}
 	}
-	end := time.Now()
 
 	// The output ends with the container; a process that closed its
 	// streams early cannot hold it open past the exit.
@@ -450,7 +455,6 @@ func (s *Sandbox) run(ctx context.Context, p *prepared, req moat.Request, start 
 	if w == nil && res.Reason == "" {
 		res.Notes = append(append([]string(nil), res.Notes...), "the run ended before moat could watch it from the host: pids, filesize and disk would not be reported")
 	}
-	res.Duration = end.Sub(start)
 	return res, nil
 }
 

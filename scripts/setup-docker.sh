@@ -58,7 +58,7 @@ else
 	say "building runc $RUNC_VERSION into $MOAT_LIBEXEC (with seccomp)"
 	mkdir -p "$MOAT_LIBEXEC"
 	GOBIN=$MOAT_LIBEXEC CGO_ENABLED=1 GOFLAGS=-buildvcs=false \
-		"$GO" install -tags seccomp "github.com/opencontainers/runc@$RUNC_VERSION"
+		"$GO" install -tags seccomp -trimpath -ldflags='-s -w' "github.com/opencontainers/runc@$RUNC_VERSION"
 	have=$("$RUNC" --version | awk 'NR==1 {print $3}')
 	[ "$have" = "$want" ] || die "built runc says version '$have', want $want"
 	"$RUNC" features | jq -e '.linux.seccomp.enabled == true' >/dev/null ||

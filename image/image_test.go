@@ -1,0 +1,228 @@
+package image
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moatsandbox/moat"
+)
+
+func TestKeyNamesEveryInput(t *testing.T) {
+	base := Config{StateDir: "/s", Suite: "bookworm", Packages: []string{"python3"}, Mirror: "http://m/debian"}
+	variants := map[string]Config{
+		"suite":    {StateDir: "/s", Suite: "trixie", Packages: []string{"python3"}, Mirror: "http://m/debian"},
+		"packages": {StateDir: "/s", Suite: "bookworm", Packages: []string{"python3", "curl"}, Mirror: "http://m/debian"},
+		"mirror":   {StateDir: "/s", Suite: "bookworm", Packages: []string{"python3"}, Mirror: "http://other/debian"},
+	}
+	for what, c := range variants {
+		if c.Key() == base.Key() {
+			t.Errorf("changing the %s does not change the key", what)
+		}
+	}
+	same := map[string]Config{
+		"state dir":        {StateDir: "/elsewhere", Suite: "bookworm", Packages: []string{"python3"}, Mirror: "http://m/debian"},
+		"package order":    {StateDir: "/s", Suite: "bookworm", Packages: []string{"python3", "python3"}, Mirror: "http://m/debian/"},
+		"a trailing slash": {StateDir: "/s", Suite: "bookworm", Packages: []string{"python3"}, Mirror: "http://m/debian/"},
+	}
+	for what, c := range same {
+		if c.Key() != base.Key() {
+			t.Errorf("changing the %s changes the key", what)
+		}
+	}
+	if tag := base.Tag(); tag != "moat-sandbox:"+base.Key()[:12] {
+		t.Errorf("Tag() = %q", tag)
+	}
+	if p := Path(base); p != filepath.Join("/s/images", base.Key(), "rootfs") {
+		t.Errorf("Path() = %q", p)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	bad := []Config{
+		{StateDir: "relative"},
+		{Suite: "book worm"},
+		{Packages: []string{"-oops"}},
+		{Packages: []string{"a;b"}},
+		{Mirror: "ftp://x"},
+		{Repository: "Upper"},
+	}
+	for _, c := range bad {
+		if err := c.Validate(); !errors.Is(err, moat.ErrInvalid) {
+			t.Errorf("Validate(%+v) = %v, want ErrInvalid", c, err)
+		}
+	}
+	if err := (Config{StateDir: "/x"}).Validate(); err != nil {
+		t.Errorf("the zero Config does not validate: %v", err)
+	}
+}
+
+func TestSystemMirror(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := systemMirror(dir, "bookworm"); got != "http://deb.debian.org/debian" {
+		t.Errorf("no sources: %q, want the fallback", got)
+	}
+	write("sources.list.d/debian.sources", `Types: deb
+# a comment
+URIs: http://mirror.example/debian/
+Suites: bookworm bookworm-updates
+Components: main
+
+Types: deb
+URIs: http://security.example/debian-security
+Suites: bookworm-security
+Components: main
+`)
+	if got := systemMirror(dir, "bookworm"); got != "http://mirror.example/debian" {
+		t.Errorf("deb822: %q", got)
+	}
+	if got := systemMirror(dir, "bookworm-security"); got != "http://security.example/debian-security" {
+		t.Errorf("deb822, second stanza: %q", got)
+	}
+	write("sources.list", "# deb http://commented/debian bookworm main\ndeb-src http://src/debian bookworm main\ndeb [arch=amd64 signed-by=/k.gpg] http://one/debian bookworm main\n")
+	if got := systemMirror(dir, "bookworm"); got != "http://one/debian" {
+		t.Errorf("one-line format with options: %q", got)
+	}
+}
+
+func TestCheckClean(t *testing.T) {
+	mk := func(files ...string) string {
+		root := t.TempDir()
+		for _, d := range []string{"root", "home", "etc", "usr/bin"} {
+			os.MkdirAll(filepath.Join(root, d), 0o755)
+		}
+		for _, f := range files {
+			p := filepath.Join(root, f)
+			os.MkdirAll(filepath.Dir(p), 0o755)
+			os.WriteFile(p, []byte("x"), 0o600)
+		}
+		return root
+	}
+	if err := CheckClean(mk("usr/bin/python3", "etc/hostname")); err != nil {
+		t.Errorf("a clean tree: %v", err)
+	}
+	for _, f := range []string{"root/.bashrc", "home/alice/notes", "etc/ssh/ssh_host_ed25519_key", "etc/resolv.conf",
+		"usr/share/x/.ssh/config", "opt/id_rsa", "srv/.aws/credentials", "var/lib/authorized_keys"} {
+		if err := CheckClean(mk(f)); err == nil {
+			t.Errorf("a tree holding /%s passes the check", f)
+		}
+	}
+}
+
+func TestRecipeDropsHostFiles(t *testing.T) {
+	root := t.TempDir()
+	for _, f := range []string{"etc/resolv.conf", "etc/hostname", "etc/apt/sources.list", "root/.profile", "usr/share/doc/x/copyright", "var/cache/apt/archives/a.deb", "usr/bin/python3.11"} {
+		p := filepath.Join(root, f)
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		os.WriteFile(p, []byte("host"), 0o644)
+	}
+	os.MkdirAll(filepath.Join(root, "home"), 0o755)
+	os.Symlink("python3.11", filepath.Join(root, "usr/bin/python3"))
+	if err := applyRecipe(root); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckClean(root); err != nil {
+		t.Errorf("after the recipe: %v", err)
+	}
+	for _, gone := range []string{"etc/resolv.conf", "etc/apt/sources.list", "root/.profile", "usr/share/doc", "var/cache/apt/archives"} {
+		if exists(filepath.Join(root, gone)) {
+			t.Errorf("the recipe left /%s", gone)
+		}
+	}
+	if b, _ := os.ReadFile(filepath.Join(root, "etc/hostname")); string(b) != "sandbox\n" {
+		t.Errorf("/etc/hostname = %q, want sandbox", b)
+	}
+	if !exists(filepath.Join(root, "work")) {
+		t.Error("the recipe made no /work")
+	}
+	if v := pythonVersion(root); v != "3.11" {
+		t.Errorf("pythonVersion = %q", v)
+	}
+}
+
+func TestWriteTar(t *testing.T) {
+	root := t.TempDir()
+	os.MkdirAll(filepath.Join(root, "usr/bin"), 0o755)
+	os.MkdirAll(filepath.Join(root, "dev/pts"), 0o755)
+	os.WriteFile(filepath.Join(root, "dev/null-ish"), []byte("no"), 0o644)
+	os.WriteFile(filepath.Join(root, "usr/bin/a"), []byte("hello"), 0o755)
+	os.Link(filepath.Join(root, "usr/bin/a"), filepath.Join(root, "usr/bin/b"))
+	os.Symlink("a", filepath.Join(root, "usr/bin/c"))
+	var buf bytes.Buffer
+	if err := writeTar(&buf, root); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]*tar.Header{}
+	tr := tar.NewReader(&buf)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[h.Name] = h
+		if h.Name == "usr/bin/a" {
+			if b, _ := io.ReadAll(tr); string(b) != "hello" {
+				t.Errorf("usr/bin/a holds %q", b)
+			}
+		}
+	}
+	if h := got["usr/bin/a"]; h == nil || h.Mode&0o777 != 0o755 || h.Uname != "" {
+		t.Errorf("usr/bin/a: %+v", h)
+	}
+	if h := got["usr/bin/b"]; h == nil || h.Typeflag != tar.TypeLink || h.Linkname != "usr/bin/a" {
+		t.Errorf("usr/bin/b is not a hard link to usr/bin/a: %+v", h)
+	}
+	if h := got["usr/bin/c"]; h == nil || h.Typeflag != tar.TypeSymlink || h.Linkname != "a" {
+		t.Errorf("usr/bin/c is not a symlink to a: %+v", h)
+	}
+	if got["dev/"] == nil || got["dev/null-ish"] != nil || got["dev/pts/"] != nil {
+		t.Errorf("/dev should be in the tar, empty: %v", got)
+	}
+}
+
+// TestBuildCached checks that a build whose root filesystem is there does
+// nothing and says so, without root and without debootstrap.
+func TestBuildCached(t *testing.T) {
+	cfg := Config{StateDir: t.TempDir(), Mirror: "http://m/debian"}
+	if st := GetStatus(context.Background(), cfg); st.Exists {
+		t.Fatalf("status of an empty state dir: %+v", st)
+	}
+	if err := os.MkdirAll(Path(cfg), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	rec := `{"key":"` + cfg.Key() + `","built_at":"` + time.Now().Add(-time.Hour).UTC().Format(time.RFC3339) + `","size_bytes":1234}`
+	if err := os.WriteFile(filepath.Join(cfg.Dir(), "image.json"), []byte(rec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var progress bytes.Buffer
+	cfg.Progress = &progress
+	r, cached, err := BuildRootFS(context.Background(), cfg)
+	if err != nil || !cached || r.Size != 1234 {
+		t.Fatalf("BuildRootFS of a built key: %+v, %v, %v", r, cached, err)
+	}
+	if !strings.Contains(progress.String(), "nothing to do") {
+		t.Errorf("a cached build does not say so: %q", progress.String())
+	}
+	st := GetStatus(context.Background(), cfg)
+	if !st.Exists || st.Size != 1234 || st.BuiltAt.IsZero() {
+		t.Errorf("status of a built key: %+v", st)
+	}
+}
