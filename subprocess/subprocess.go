@@ -56,6 +56,7 @@ import (
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/internal/capture"
 	"github.com/moatsandbox/moat/internal/cgroup"
+	"github.com/moatsandbox/moat/internal/owner"
 	"github.com/moatsandbox/moat/internal/seccomp"
 	"github.com/moatsandbox/moat/internal/uidpool"
 )
@@ -133,10 +134,14 @@ type Sandbox struct {
 	root    bool
 	python  string
 	runsDir string
-	cg      *cgroup.Manager // strict only
-	uids    *uidpool.Pool   // strict only
-	notes   []string
-	log     *slog.Logger
+	// owner is this process's id (package owner) in ownersDir: the prefix
+	// of its working directories and cgroups.
+	owner     string
+	ownersDir string
+	cg        *cgroup.Manager // strict only
+	uids      *uidpool.Pool   // strict only
+	notes     []string
+	log       *slog.Logger
 
 	mu     sync.Mutex
 	closed bool
@@ -168,6 +173,11 @@ func New(cfg Config) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
+	id, err := owner.Self(s.ownersDir)
+	if err != nil {
+		return nil, unavailable("cannot record this process as an owner in "+s.ownersDir, "", err)
+	}
+	s.owner = id
 	s.reap()
 	s.warm = make(chan *helperProc, 1)
 	go s.refill()
@@ -252,6 +262,12 @@ func prepare(cfg Config) (*Sandbox, error) {
 		}
 	}
 	s.runsDir = filepath.Join(runDir, "runs")
+	// Owners are recorded in one place per machine when root, since the
+	// cgroups they own are per machine too.
+	s.ownersDir = filepath.Join(runDir, "owners")
+	if s.root {
+		s.ownersDir = "/run/moat/owners"
+	}
 	// 0711: the sandbox uids may pass through to their own directory but
 	// not list the others.
 	for _, d := range []string{runDir, s.runsDir} {
@@ -374,8 +390,7 @@ func userNamespacesWork() bool {
 func (s *Sandbox) reap() {
 	entries, _ := os.ReadDir(s.runsDir)
 	for _, e := range entries {
-		owner, ok := cgroup.OwnerPid(e.Name())
-		if !ok || syscall.Kill(owner, 0) == nil || owner == os.Getpid() {
+		if !s.deadOwner(e.Name()) {
 			continue
 		}
 		dir := filepath.Join(s.runsDir, e.Name())
@@ -387,7 +402,7 @@ func (s *Sandbox) reap() {
 		}
 	}
 	if s.cg != nil {
-		names, err := s.cg.Reap()
+		names, err := s.cg.ReapDead(s.deadOwner)
 		if len(names) > 0 {
 			s.log.Info("subprocess: reaped leftover cgroups", "groups", names)
 		}
@@ -395,6 +410,13 @@ func (s *Sandbox) reap() {
 			s.log.Warn("subprocess: reap leftover cgroups", "err", err)
 		}
 	}
+}
+
+// deadOwner reports whether name ("<owner>-<id>") belongs to a moat process
+// that is no longer alive. Names of other forms are never reaped.
+func (s *Sandbox) deadOwner(name string) bool {
+	id, ok := owner.Of(name)
+	return ok && !owner.Alive(s.ownersDir, id)
 }
 
 // Level returns moat.LevelSubprocess.
@@ -459,7 +481,7 @@ func (r *run) do(ctx context.Context) (*moat.Result, error) {
 	r.start = time.Now()
 	var rnd [8]byte
 	rand.Read(rnd[:])
-	r.id = fmt.Sprintf("%d-%s", os.Getpid(), hex.EncodeToString(rnd[:]))
+	r.id = s.owner + "-" + hex.EncodeToString(rnd[:])
 	lim := s.limits
 
 	uid, gid := -1, -1

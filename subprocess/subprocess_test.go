@@ -165,37 +165,68 @@ func TestMissingPythonIsUnavailable(t *testing.T) {
 }
 
 // TestReapsLeftovers plants what a moat killed mid-run leaves (a working
-// directory with a tmpfs and a cgroup, owned by a dead pid) and checks that
-// New removes them.
+// directory with a tmpfs, and a cgroup, named after an owner that is gone)
+// next to the same things of a live owner (another process holding its
+// owner lock, as a moat in another PID namespace would), and checks that New
+// removes the first and keeps the second.
 func TestReapsLeftovers(t *testing.T) {
 	requireRoot(t)
-	dead := exec.Command("/bin/true")
-	if err := dead.Run(); err != nil {
+	const dead, live = "00000000deadbeef-run", "00000000a11ce000-run"
+	lock := exec.Command("flock", "/run/moat/owners/00000000a11ce000", "sleep", "60")
+	if err := os.MkdirAll("/run/moat/owners", 0o700); err != nil {
 		t.Fatal(err)
 	}
-	name := strconv.Itoa(dead.Process.Pid) + "-deadbeef"
-	dir := filepath.Join("/run/moat/runs", name)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := lock.Start(); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", dir).CombinedOutput(); err != nil {
-		t.Fatalf("mount: %v %s", err, out)
+	defer func() {
+		lock.Process.Kill()
+		lock.Wait()
+		os.Remove("/run/moat/owners/00000000a11ce000")
+	}()
+	// Wait until flock holds the lock.
+	for i := 0; i < 100; i++ {
+		if err := exec.Command("flock", "-n", "/run/moat/owners/00000000a11ce000", "true").Run(); err != nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
-	var cgDirs []string
-	for _, c := range []string{"/sys/fs/cgroup/memory/moat", "/sys/fs/cgroup/pids/moat", "/sys/fs/cgroup/moat"} {
-		if _, err := os.Stat(c); err == nil {
-			d := filepath.Join(c, name)
-			if err := os.Mkdir(d, 0o755); err != nil {
-				t.Fatal(err)
+	var planted = map[string][]string{}
+	for _, name := range []string{dead, live} {
+		dir := filepath.Join("/run/moat/runs", name)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", dir).CombinedOutput(); err != nil {
+			t.Fatalf("mount: %v %s", err, out)
+		}
+		planted[name] = append(planted[name], dir)
+		for _, c := range []string{"/sys/fs/cgroup/memory/moat", "/sys/fs/cgroup/pids/moat", "/sys/fs/cgroup/cpuacct/moat", "/sys/fs/cgroup/moat"} {
+			if _, err := os.Stat(c); err == nil {
+				d := filepath.Join(c, name)
+				if err := os.Mkdir(d, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				planted[name] = append(planted[name], d)
 			}
-			cgDirs = append(cgDirs, d)
 		}
 	}
+	defer func() {
+		for _, p := range planted[live] {
+			exec.Command("umount", p).Run()
+			os.Remove(p)
+		}
+	}()
 	sb := newStrict(t, moat.Limits{})
 	sb.Close()
-	for _, p := range append(cgDirs, dir) {
+	for _, p := range planted[dead] {
 		if _, err := os.Stat(p); err == nil {
-			t.Errorf("%s survived New", p)
+			t.Errorf("%s of a dead owner survived New", p)
+		}
+	}
+	for _, p := range planted[live] {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("%s of a live owner was reaped: %v", p, err)
 		}
 	}
 }

@@ -2,10 +2,10 @@
 // memory and a process limit, on cgroup v2 or on the v1 memory and pids
 // hierarchies, and says afterwards which limit the run hit.
 //
-// Groups are named "<owner pid>-<run id>" under a parent directory ("moat"
-// by default) in each hierarchy, so that a later process can tell the groups
-// of a live moat from those of a dead one and remove only the latter
-// ([Manager.Reap]).
+// Groups are named "<owner>-<run id>" under a parent directory ("moat" by
+// default) in each hierarchy, so that a later process can tell the groups of
+// a live moat from those of a dead one and remove only the latter
+// ([Manager.ReapDead]).
 package cgroup
 
 import (
@@ -310,9 +310,20 @@ func rmdirRetry(dir string) error {
 }
 
 // Reap kills and removes the groups left behind by moat processes that are
-// no longer alive (a crash, kill -9). Groups of live owners are left alone.
-// It returns the names of the groups it removed.
+// no longer alive (a crash, kill -9), for groups named "<pid>-<id>". Groups
+// of live owners are left alone. It returns the names of the groups it
+// removed. A pid means nothing across PID namespaces; prefer ReapDead with
+// package owner's ids.
 func (m *Manager) Reap() ([]string, error) {
+	return m.ReapDead(func(name string) bool {
+		owner, ok := OwnerPid(name)
+		return ok && !processAlive(owner)
+	})
+}
+
+// ReapDead kills and removes every group under the parent for which dead
+// returns true, and returns their names.
+func (m *Manager) ReapDead(dead func(name string) bool) ([]string, error) {
 	seen := map[string]bool{}
 	var names []string
 	for _, parent := range m.dirs {
@@ -324,12 +335,10 @@ func (m *Manager) Reap() ([]string, error) {
 			if !e.IsDir() || seen[e.Name()] {
 				continue
 			}
-			owner, ok := OwnerPid(e.Name())
-			if !ok || processAlive(owner) {
-				continue
-			}
 			seen[e.Name()] = true
-			names = append(names, e.Name())
+			if dead(e.Name()) {
+				names = append(names, e.Name())
+			}
 		}
 	}
 	var errs []error
