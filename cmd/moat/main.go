@@ -7,6 +7,8 @@
 //	moat attack [flags]                     run the hostile programs at each level
 //	moat bench [flags]                      time print(1) at each level
 //	moat doctor [--json]                    say which levels can run here
+//	moat agent [flags] "task"               a Claude agent with one tool, run_python
+//	moat mcp [--http ADDR]                  run_python as an MCP server
 //
 // Run `moat help` or `moat COMMAND -h` for the flags.
 package main
@@ -47,6 +49,8 @@ func commands() []command {
 		{"attack", "run the six hostile programs against each level", cmdAttack},
 		{"bench", "time print(1) at each level against a direct python3 start", cmdBench},
 		{"doctor", "say which levels can run on this machine, and what to do if not", cmdDoctor},
+		{"agent", "run a Claude agent whose one tool, run_python, runs code in the sandbox", cmdAgent},
+		{"mcp", "serve run_python over MCP (stdio, or --http on a loopback address)", cmdMCP},
 	}
 }
 
