@@ -360,7 +360,8 @@ func (s *Sandbox) run(ctx context.Context, p *prepared, req moat.Request) (*moat
 	// Watch from the host: the init's pid, then its cgroups and mounts.
 	watchC := make(chan *watch, 1)
 	go func() {
-		w, err := s.startWatch(rctx, id, func() { go kill(moat.ReasonTimeout) })
+		// The watch calls back from its own goroutine, which stop waits for.
+		w, err := s.startWatch(rctx, id, func() { kill(moat.ReasonTimeout) })
 		if err != nil {
 			s.log.Debug("container: watch", "id", shortID(id), "err", err)
 		}
