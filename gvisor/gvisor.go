@@ -69,6 +69,7 @@ import (
 	"github.com/moatsandbox/moat/image"
 	"github.com/moatsandbox/moat/internal/capture"
 	"github.com/moatsandbox/moat/internal/cgroup"
+	"github.com/moatsandbox/moat/internal/owner"
 )
 
 // Platform is how the sentry intercepts the code's system calls.
@@ -140,6 +141,10 @@ const DefaultStateDir = "/run/moat/gvisor"
 // cgroupParent is the parent of the runs' cgroups in each hierarchy.
 const cgroupParent = "moat-gvisor"
 
+// ownersDir is where moat processes record themselves as owners (package
+// owner): one place per machine, like the cgroups they own.
+const ownersDir = "/run/moat/owners"
+
 // Sandbox is the gvisor level. It is safe for concurrent use.
 type Sandbox struct {
 	cfg       Config
@@ -151,8 +156,11 @@ type Sandbox struct {
 	runscRoot string // runsc's --root
 	bundles   string // one directory per run
 	cg        *cgroup.Manager
-	notes     []string
-	log       *slog.Logger
+	// owner is this process's owner id: the prefix of its runs' ids, which
+	// name their bundles, runsc containers and cgroups.
+	owner string
+	notes []string
+	log   *slog.Logger
 
 	mu     sync.Mutex
 	closed bool
@@ -175,6 +183,11 @@ func New(cfg Config) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
+	id, err := owner.Self(ownersDir)
+	if err != nil {
+		return nil, unavailable("cannot record this process as an owner in "+ownersDir, "", err)
+	}
+	s.owner = id
 	s.reap()
 	return s, nil
 }
@@ -399,7 +412,7 @@ func (r *run) do(ctx context.Context) (*moat.Result, error) {
 	s, lim := r.s, r.s.limits
 	var rnd [8]byte
 	rand.Read(rnd[:])
-	r.id = fmt.Sprintf("%d-%s", os.Getpid(), hex.EncodeToString(rnd[:]))
+	r.id = s.owner + "-" + hex.EncodeToString(rnd[:])
 
 	// The bundle: config.json and where runsc writes its logs. The sentry's
 	// log goes to a pipe (its "file" is a link to the fd runsc inherits), the
@@ -648,31 +661,18 @@ func removeState(root, id string) error {
 // their sandboxes' processes and cgroups, runsc's state of their
 // containers, and their bundles.
 func (s *Sandbox) reap() {
-	names, err := s.cg.Reap()
+	names, err := s.cg.ReapDead(deadOwner)
 	if len(names) > 0 {
 		s.log.Info("gvisor: reaped leftover cgroups", "groups", names)
 	}
 	if err != nil {
 		s.log.Warn("gvisor: reap leftover cgroups", "err", err)
 	}
-	dead := func(name string) (string, bool) {
-		// Names are "<owner pid>-<hex>", runsc's files "<id>_sandbox:<id>..."
-		// or "runsc-<id>.sock".
-		name = strings.TrimPrefix(name, "runsc-")
-		id, _, _ := strings.Cut(name, "_")
-		id = strings.TrimSuffix(id, ".sock")
-		owner, ok := cgroup.OwnerPid(id)
-		if !ok || owner == os.Getpid() {
-			return "", false
-		}
-		err := syscall.Kill(owner, 0)
-		return id, err != nil && !errors.Is(err, syscall.EPERM)
-	}
 	ids := map[string]bool{}
 	for _, dir := range []string{s.runscRoot, s.bundles} {
 		entries, _ := os.ReadDir(dir)
 		for _, e := range entries {
-			if id, ok := dead(e.Name()); ok {
+			if id, ok := runID(e.Name()); ok && deadOwner(id) {
 				ids[id] = true
 			}
 		}
@@ -690,4 +690,31 @@ func (s *Sandbox) reap() {
 			s.log.Info("gvisor: reaped leftover container", "id", id)
 		}
 	}
+}
+
+// deadOwner reports whether name ("<owner>-<anything>") belongs to a moat
+// process that is no longer alive. Names of other forms are never reaped.
+func deadOwner(name string) bool {
+	id, ok := owner.Of(name)
+	return ok && !owner.Alive(ownersDir, id)
+}
+
+// runIDLen is the length of a run's id: two ids of 16 hex digits and a dash.
+const runIDLen = 16 + 1 + 16
+
+// runID returns the run id that names a bundle ("<id>") or one of runsc's
+// files ("<id>_sandbox:<id>.state", "runsc-<id>.sock", ...).
+func runID(name string) (string, bool) {
+	name = strings.TrimPrefix(name, "runsc-")
+	if len(name) < runIDLen {
+		return "", false
+	}
+	id := name[:runIDLen]
+	if _, ok := owner.Of(id); !ok || id[16] != '-' {
+		return "", false
+	}
+	if _, err := hex.DecodeString(id[17:]); err != nil {
+		return "", false
+	}
+	return id, true
 }

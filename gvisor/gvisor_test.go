@@ -16,8 +16,23 @@ import (
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/gvisor"
+	"github.com/moatsandbox/moat/internal/owner"
 	"github.com/moatsandbox/moat/sandboxtest"
 )
+
+// ownersDir is where the level records its owner id; the test process's id
+// there is its runs' prefix.
+const ownersDir = "/run/moat/owners"
+
+// self returns this process's owner id, the prefix of its runs' ids.
+func self(t *testing.T) string {
+	t.Helper()
+	id, err := owner.Self(ownersDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
 
 // need skips t when this machine cannot run the level (no root, no runsc,
 // no image), except under CI=true, where the level must be tested and t
@@ -52,19 +67,21 @@ const concurrency = 20
 
 func TestConformance(t *testing.T) {
 	need(t, gvisor.Config{})
+	me := self(t)
 	sandboxtest.Run(t, func(t *testing.T, l moat.Limits) moat.Sandbox {
 		return newSandbox(t, gvisor.Config{Limits: l})
 	}, sandboxtest.Options{
-		Leftovers: func() []string { return leftovers(gvisor.DefaultStateDir, os.Getpid()) },
+		Leftovers: func() []string { return leftovers(gvisor.DefaultStateDir, me) },
 		Parallel:  concurrency,
 	})
 }
 
-// leftovers lists what the runs of the moat process owner could leave on
-// the host: bundles and runsc state under stateDir, and cgroups.
-func leftovers(stateDir string, owner int) []string {
+// leftovers lists what the runs of the moat process whose owner id is id
+// could leave on the host: bundles and runsc state under stateDir, and
+// cgroups.
+func leftovers(stateDir, id string) []string {
 	var out []string
-	id := strconv.Itoa(owner) + "-"
+	id += "-"
 	dirs := []string{
 		filepath.Join(stateDir, "bundles"), filepath.Join(stateDir, "runsc"),
 		"/sys/fs/cgroup/moat-gvisor", "/sys/fs/cgroup/memory/moat-gvisor",
@@ -384,8 +401,9 @@ func TestReapAfterKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cmd.Process.Kill()
-	// The helper prints "sleeping" once its code runs.
+	// The helper prints its owner id, then "sleeping" once its code runs.
 	got := make(chan error, 1)
+	ownerID := make(chan string, 1)
 	go func() {
 		buf := make([]byte, 4096)
 		var all []byte
@@ -393,6 +411,9 @@ func TestReapAfterKill(t *testing.T) {
 			n, err := stdout.Read(buf)
 			all = append(all, buf[:n]...)
 			if bytes.Contains(all, []byte("sleeping")) {
+				var id string
+				fmt.Sscanf(string(all), "owner %s", &id)
+				ownerID <- id
 				got <- nil
 				return
 			}
@@ -410,8 +431,13 @@ func TestReapAfterKill(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the helper's run never started")
 	}
-	owner := cmd.Process.Pid
-	if left := leftovers(stateDir, owner); len(left) == 0 {
+	var helper string
+	select {
+	case helper = <-ownerID:
+	default:
+		t.Fatal("the helper did not say its owner id")
+	}
+	if left := leftovers(stateDir, helper); len(left) == 0 {
 		t.Fatal("the helper's run shows nothing on the host to reap; the check would prove nothing")
 	}
 	cmd.Process.Kill()
@@ -419,7 +445,7 @@ func TestReapAfterKill(t *testing.T) {
 
 	sb := newSandbox(t, gvisor.Config{StateDir: stateDir})
 	defer sb.Close()
-	if left := leftovers(stateDir, owner); len(left) > 0 {
+	if left := leftovers(stateDir, helper); len(left) > 0 {
 		t.Errorf("after the next New, the killed moat's run left:\n\t%s", strings.Join(left, "\n\t"))
 	}
 	if cmdlines := sentryCmdlines(stateDir); len(cmdlines) > 0 {
@@ -441,6 +467,12 @@ func helperMain() {
 		fmt.Println("helper:", err)
 		os.Exit(1)
 	}
+	id, err := owner.Self(ownersDir)
+	if err != nil {
+		fmt.Println("helper:", err)
+		os.Exit(1)
+	}
+	fmt.Printf("owner %s\n", id)
 	res, err := sb.Run(context.Background(), moat.Request{
 		Code:   []byte("import time; print('sleeping', flush=True); time.sleep(60)"),
 		Stdout: os.Stdout,
