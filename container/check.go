@@ -3,6 +3,7 @@ package container
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"regexp"
 	"strconv"
@@ -237,6 +238,9 @@ func Check(ctx context.Context, cfg Config) moat.Availability {
 		a.Reason, a.Remedy = "image "+cfg.Image+" is not built", "run 'moat image build' (as root)"
 	default:
 		a.Available = true
+		if os.Geteuid() != 0 {
+			a.Reason = "moat is not root: the CPU time of a whole process tree is not watched and the pids, filesize and disk reasons are not reported"
+		}
 		if !e.runtimeFixed {
 			a.Reason = fmt.Sprintf("runs on %s, older than the November 2025 fixes, because the operator allowed it", e.runtimeVersionText())
 		}

@@ -200,6 +200,9 @@ func New(cfg Config) (*Sandbox, error) {
 		return nil, unavailable("the Docker engine has no seccomp support", "use a dockerd built with seccomp (Debian's docker.io is)", nil)
 	}
 	var notes []string
+	if os.Geteuid() != 0 {
+		notes = append(notes, "moat is not root: it cannot watch runs from the host, so the CPU time of a whole process tree is not limited (each process still is) and the pids, filesize and disk reasons are not reported")
+	}
 	if !eng.runtimeFixed {
 		if !cfg.AllowVulnerableRuntime {
 			return nil, unavailable(fmt.Sprintf("runtime %q is %s, older than the fixes for the November 2025 container escapes", eng.runtime, eng.runtimeVersionText()),
@@ -359,12 +362,14 @@ func (s *Sandbox) run(ctx context.Context, p *prepared, req moat.Request) (*moat
 
 	// Watch from the host: the init's pid, then its cgroups and mounts.
 	watchC := make(chan *watch, 1)
+	var watchErr error
 	go func() {
 		// The watch calls back from its own goroutine, which stop waits for.
 		w, err := s.startWatch(rctx, id, func() { kill(moat.ReasonTimeout) })
 		if err != nil {
 			s.log.Debug("container: watch", "id", shortID(id), "err", err)
 		}
+		watchErr = err
 		watchC <- w
 	}()
 
@@ -454,7 +459,8 @@ func (s *Sandbox) run(ctx context.Context, p *prepared, req moat.Request) (*moat
 		res.Reason = moat.ReasonSignal
 	}
 	if w == nil && res.Reason == "" {
-		res.Notes = append(append([]string(nil), res.Notes...), "the run ended before moat could watch it from the host: pids, filesize and disk would not be reported")
+		res.Notes = append(append([]string(nil), res.Notes...),
+			fmt.Sprintf("moat could not watch the run from the host (%v): a pids, filesize or disk limit hit would not be reported", watchErr))
 	}
 	return res, nil
 }
