@@ -1,0 +1,650 @@
+// Command agent is moat's guest agent: PID 1 of the microvm level's virtual
+// machine. It is built static (CGO_ENABLED=0) and placed at /init in the
+// initramfs that moat generates.
+//
+// At boot it mounts what the guest needs, loads the kernel modules listed in
+// /modules/order (virtio-mmio, virtio-blk, virtio-console, overlay), mounts
+// the shared root filesystem read-only from /dev/vda under a writable tmpfs
+// layer (overlayfs), prepares a cgroup for the run, opens the virtio-serial
+// port named moat.agent and says Hello. moat saves the VM at that point and
+// starts every sandbox as a restore of it.
+//
+// After the restore, moat sends one Run: the agent sets the clock, reseeds
+// the kernel's random generator, sizes the writable layer to the disk limit,
+// sets the cgroup's memory and process limits and starts python3 through a
+// re-executed stage of itself ("moat-exec") that sets rlimits and
+// no_new_privs, enters the root filesystem with chroot and drops to an
+// unprivileged uid. It streams stdout and stderr to the host, enforces the
+// wall and CPU time, and reports how the code ended. The VM serves one run
+// and is thrown away.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/moatsandbox/moat/microvm/internal/wire"
+)
+
+const (
+	portName  = "moat.agent"
+	rootDisk  = "/dev/vda"
+	lowerDir  = "/rootfs"
+	upperFS   = "/upper" // the writable tmpfs: overlay upper, work and /dev/shm
+	newRoot   = "/newroot"
+	cgroupDir = "/sys/fs/cgroup"
+	runGroup  = "/sys/fs/cgroup/run"
+	codeDir   = "/.moat"
+	workDir   = "/work"
+	python    = "/usr/bin/python3"
+	runUID    = 1000
+	runGID    = 1000
+	execStage = "moat-exec"
+)
+
+// consoleLog writes a line to the kernel console, for whoever reads the
+// VM's serial port (only the template boot's is kept).
+func consoleLog(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "moat-agent: "+format+"\n", args...)
+}
+
+func main() {
+	if len(os.Args) == 3 && os.Args[1] == execStage {
+		execPython(os.Args[2]) // does not return
+	}
+	if os.Getpid() != 1 {
+		fmt.Fprintln(os.Stderr, "moat guest agent: must run as PID 1 of a moat VM")
+		os.Exit(2)
+	}
+	a := &agent{}
+	if err := a.boot(); err != nil {
+		a.fatal(fmt.Errorf("boot: %w", err))
+	}
+	if err := a.serve(); err != nil {
+		a.fatal(err)
+	}
+	hang()
+}
+
+type agent struct {
+	port *os.File
+	mu   sync.Mutex // serializes frames on port
+}
+
+func (a *agent) send(k wire.Kind, p []byte) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return wire.Write(a.port, k, p)
+}
+
+func (a *agent) sendJSON(k wire.Kind, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return a.send(k, b)
+}
+
+// fatal reports err to the host if it can and powers the VM off, so that
+// QEMU exits and the host sees the failure at once.
+func (a *agent) fatal(err error) {
+	consoleLog("fatal: %v", err)
+	if a.port != nil {
+		a.send(wire.KindFail, []byte(err.Error()))
+	}
+	unix.Sync()
+	unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF)
+	hang()
+}
+
+func hang() {
+	for {
+		time.Sleep(time.Hour)
+	}
+}
+
+type mnt struct {
+	src, dst, fstype string
+	flags            uintptr
+	data             string
+}
+
+func mountAll(ms []mnt) error {
+	for _, m := range ms {
+		if err := os.MkdirAll(m.dst, 0o755); err != nil {
+			return err
+		}
+		if err := unix.Mount(m.src, m.dst, m.fstype, m.flags, m.data); err != nil {
+			return fmt.Errorf("mount %s on %s: %w", m.fstype, m.dst, err)
+		}
+	}
+	return nil
+}
+
+const nosuid = unix.MS_NOSUID | unix.MS_NODEV
+
+func (a *agent) boot() error {
+	if err := mountAll([]mnt{
+		{"proc", "/proc", "proc", nosuid | unix.MS_NOEXEC, ""},
+		{"sysfs", "/sys", "sysfs", nosuid | unix.MS_NOEXEC, ""},
+		{"devtmpfs", "/dev", "devtmpfs", unix.MS_NOSUID, "mode=0755"},
+		{"cgroup2", cgroupDir, "cgroup2", nosuid | unix.MS_NOEXEC, ""},
+	}); err != nil {
+		return err
+	}
+	if err := loadModules("/modules"); err != nil {
+		return err
+	}
+	if err := waitFor(rootDisk, 10*time.Second); err != nil {
+		return err
+	}
+	if err := mountAll([]mnt{
+		{rootDisk, lowerDir, "ext4", unix.MS_RDONLY | nosuid, ""},
+		// Sized at run time from the disk limit (a remount).
+		{"tmpfs", upperFS, "tmpfs", nosuid, "size=1m,nr_inodes=1024,mode=0755"},
+	}); err != nil {
+		return err
+	}
+	for _, d := range []string{"u", "w", "shm"} {
+		if err := os.Mkdir(filepath.Join(upperFS, d), 0o755); err != nil {
+			return err
+		}
+	}
+	if err := os.Chmod(filepath.Join(upperFS, "shm"), 0o1777); err != nil {
+		return err
+	}
+	if err := mountAll([]mnt{{"overlay", newRoot, "overlay", nosuid,
+		"lowerdir=" + lowerDir + ",upperdir=" + upperFS + "/u,workdir=" + upperFS + "/w"}}); err != nil {
+		return err
+	}
+	if err := prepareRoot(); err != nil {
+		return err
+	}
+	if err := prepareCgroup(); err != nil {
+		return err
+	}
+	// Read python3 and its standard library once, so that the page cache
+	// saved with the template holds them.
+	warm := exec.Command("/init", execStage, `{"args":["python3","-c","import encodings, io, os, sys, json, re"]}`)
+	warm.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + workDir, "LANG=C.UTF-8"}
+	if out, err := warm.CombinedOutput(); err != nil {
+		return fmt.Errorf("python3 does not start: %w: %s", err, out)
+	}
+	port, err := findPort(portName, 10*time.Second)
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(port, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	a.port = f
+	var uts unix.Utsname
+	unix.Uname(&uts)
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts)
+	return a.sendJSON(wire.KindHello, wire.Hello{
+		Kernel: unix.ByteSliceToString(uts.Release[:]),
+		BootMS: ts.Nano() / 1e6,
+	})
+}
+
+// loadModules loads, in order, the modules named in dir/order.
+func loadModules(dir string) error {
+	order, err := os.ReadFile(filepath.Join(dir, "order"))
+	if err != nil {
+		return err
+	}
+	for _, name := range strings.Fields(string(order)) {
+		f, err := os.Open(filepath.Join(dir, name))
+		if err != nil {
+			return err
+		}
+		err = unix.FinitModule(int(f.Fd()), "", 0)
+		f.Close()
+		if err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("load module %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func waitFor(path string, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s did not appear within %v", path, d)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// findPort returns the device of the virtio-serial port called name.
+func findPort(name string, d time.Duration) (string, error) {
+	deadline := time.Now().Add(d)
+	for {
+		ents, _ := os.ReadDir("/sys/class/virtio-ports")
+		for _, e := range ents {
+			b, err := os.ReadFile(filepath.Join("/sys/class/virtio-ports", e.Name(), "name"))
+			if err == nil && strings.TrimSpace(string(b)) == name {
+				dev := "/dev/" + e.Name()
+				if err := waitFor(dev, time.Second); err != nil {
+					return "", err
+				}
+				return dev, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("no virtio-serial port named %s within %v", name, d)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// prepareRoot makes the run's view of the root filesystem: a working
+// directory of its own, /tmp, a /proc that hides other users' processes and
+// a read-only /dev with the usual character devices and a /dev/shm on the
+// size-limited layer.
+func prepareRoot() error {
+	for _, d := range []struct {
+		path     string
+		mode     os.FileMode
+		uid, gid int
+	}{
+		{workDir, 0o700, runUID, runGID},
+		{"/tmp", 0o1777, 0, 0},
+		{"/var/tmp", 0o1777, 0, 0},
+		{codeDir, 0o755, 0, 0},
+		{"/proc", 0o555, 0, 0},
+		{"/dev", 0o755, 0, 0},
+	} {
+		p := newRoot + d.path
+		os.MkdirAll(p, d.mode)
+		if err := os.Chown(p, d.uid, d.gid); err != nil {
+			return err
+		}
+		if err := os.Chmod(p, d.mode); err != nil {
+			return err
+		}
+	}
+	if err := mountAll([]mnt{
+		{"proc", newRoot + "/proc", "proc", nosuid | unix.MS_NOEXEC, "hidepid=2"},
+		{"tmpfs", newRoot + "/dev", "tmpfs", unix.MS_NOSUID | unix.MS_NOEXEC, "size=64k,nr_inodes=64,mode=0755"},
+	}); err != nil {
+		return err
+	}
+	dev := newRoot + "/dev"
+	for _, n := range []struct {
+		name         string
+		major, minor uint32
+	}{{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}} {
+		p := filepath.Join(dev, n.name)
+		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(n.major, n.minor))); err != nil {
+			return fmt.Errorf("mknod %s: %w", p, err)
+		}
+		os.Chmod(p, 0o666)
+	}
+	for name, target := range map[string]string{
+		"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2",
+	} {
+		if err := os.Symlink(target, filepath.Join(dev, name)); err != nil {
+			return err
+		}
+	}
+	if err := os.Mkdir(dev+"/shm", 0o1777); err != nil {
+		return err
+	}
+	if err := unix.Mount(upperFS+"/shm", dev+"/shm", "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind /dev/shm: %w", err)
+	}
+	if err := unix.Mount("", dev, "", unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("remount /dev read-only: %w", err)
+	}
+	return nil
+}
+
+func prepareCgroup() error {
+	if err := os.WriteFile(cgroupDir+"/cgroup.subtree_control", []byte("+memory +pids"), 0); err != nil {
+		return fmt.Errorf("enable cgroup controllers: %w", err)
+	}
+	return os.Mkdir(runGroup, 0o755)
+}
+
+// serve waits for the one Run and carries it out.
+func (a *agent) serve() error {
+	k, p, err := wire.Read(a.port, 0)
+	if err != nil {
+		return fmt.Errorf("read run: %w", err)
+	}
+	if k != wire.KindRun {
+		return fmt.Errorf("want a run frame, got %s", k)
+	}
+	var r wire.Run
+	if err := json.Unmarshal(p, &r); err != nil {
+		return fmt.Errorf("run: %w", err)
+	}
+	exit, err := a.run(&r)
+	if err != nil {
+		return err
+	}
+	return a.sendJSON(wire.KindExit, exit)
+}
+
+// refresh sets the clock and reseeds the random generator: a restored VM
+// would otherwise carry the template's time and the template's random
+// state, the same in every clone.
+func refresh(r *wire.Run) error {
+	if r.UnixNano > 0 {
+		ts := unix.NsecToTimespec(r.UnixNano)
+		if err := unix.ClockSettime(unix.CLOCK_REALTIME, &ts); err != nil {
+			return fmt.Errorf("set clock: %w", err)
+		}
+	}
+	if len(r.Seed) == 0 {
+		return errors.New("no seed")
+	}
+	f, err := os.OpenFile("/dev/urandom", os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	// struct rand_pool_info { int entropy_count; int buf_size; u32 buf[]; }
+	buf := make([]byte, 8+len(r.Seed))
+	*(*int32)(unsafe.Pointer(&buf[0])) = int32(8 * len(r.Seed))
+	*(*int32)(unsafe.Pointer(&buf[4])) = int32(len(r.Seed))
+	copy(buf[8:], r.Seed)
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.RNDADDENTROPY, uintptr(unsafe.Pointer(&buf[0]))); e != 0 {
+		return fmt.Errorf("add entropy: %w", e)
+	}
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.RNDRESEEDCRNG, 0); e != 0 {
+		return fmt.Errorf("reseed: %w", e)
+	}
+	return nil
+}
+
+// execSpec is what the exec stage applies before it becomes python3.
+type execSpec struct {
+	Rlimits [][3]uint64 `json:"rlimits"` // resource, soft, hard
+	Args    []string    `json:"args"`
+}
+
+func (a *agent) run(r *wire.Run) (*wire.Exit, error) {
+	if err := refresh(r); err != nil {
+		return nil, err
+	}
+	// The writable layer holds the code, then at most the disk limit.
+	codeSize := (int64(len(r.Code)) + 4095) &^ 4095
+	inodes := max(r.Disk/(4<<10), 64) + 64
+	if err := unix.Mount("tmpfs", upperFS, "tmpfs", unix.MS_REMOUNT|nosuid,
+		fmt.Sprintf("size=%d,nr_inodes=%d", r.Disk+codeSize, inodes)); err != nil {
+		return nil, fmt.Errorf("size the writable layer: %w", err)
+	}
+	codePath := codeDir + "/main.py"
+	if err := os.WriteFile(newRoot+codePath, r.Code, 0o444); err != nil {
+		return nil, fmt.Errorf("write the code: %w", err)
+	}
+	for file, v := range map[string]string{
+		"memory.max":       strconv.FormatInt(r.Memory, 10),
+		"memory.oom.group": "1",
+		"pids.max":         strconv.FormatInt(r.Pids, 10),
+	} {
+		if err := os.WriteFile(filepath.Join(runGroup, file), []byte(v), 0); err != nil {
+			return nil, fmt.Errorf("cgroup %s: %w", file, err)
+		}
+	}
+	// No swap in the guest; this only makes sure where the kernel has it.
+	os.WriteFile(filepath.Join(runGroup, "memory.swap.max"), []byte("0"), 0)
+
+	cg, err := os.Open(runGroup)
+	if err != nil {
+		return nil, err
+	}
+	defer cg.Close()
+	cpuSec := uint64((r.CPUMS + 999) / 1000)
+	spec, _ := json.Marshal(execSpec{
+		Rlimits: [][3]uint64{
+			{unix.RLIMIT_CPU, cpuSec, cpuSec + 1},
+			{unix.RLIMIT_FSIZE, uint64(r.FileSize), uint64(r.FileSize)},
+			{unix.RLIMIT_NOFILE, uint64(r.OpenFiles), uint64(r.OpenFiles)},
+			{unix.RLIMIT_CORE, 0, 0},
+		},
+		Args: []string{"python3", codePath},
+	})
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	devNull, err := os.Open("/dev/null")
+	if err != nil {
+		return nil, err
+	}
+	cmd := &exec.Cmd{
+		Path:   "/init",
+		Args:   []string{"/init", execStage, string(spec)},
+		Env:    []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + workDir, "LANG=C.UTF-8"},
+		Stdin:  devNull,
+		Stdout: outW,
+		Stderr: errW,
+		SysProcAttr: &syscall.SysProcAttr{
+			Setsid:      true,
+			UseCgroupFD: true,
+			CgroupFD:    int(cg.Fd()),
+		},
+	}
+	start := time.Now()
+	err = cmd.Start()
+	outW.Close()
+	errW.Close()
+	devNull.Close()
+	if err != nil {
+		return nil, fmt.Errorf("start python3: %w", err)
+	}
+	a.send(wire.KindStarted, nil)
+
+	var pumps sync.WaitGroup
+	for _, s := range []struct {
+		f *os.File
+		k wire.Kind
+	}{{outR, wire.KindStdout}, {errR, wire.KindStderr}} {
+		pumps.Go(func() {
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := s.f.Read(buf)
+				if n > 0 {
+					a.send(s.k, buf[:n])
+				}
+				if err != nil {
+					return
+				}
+			}
+		})
+	}
+
+	// The wall and CPU time of the whole run, children included.
+	var timedOut sync.Once
+	over := false
+	kill := func() {
+		timedOut.Do(func() { over = true })
+		killGroup()
+	}
+	done := make(chan struct{})
+	go func() {
+		wall := time.NewTimer(time.Duration(r.WallMS) * time.Millisecond)
+		defer wall.Stop()
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-wall.C:
+				kill()
+				return
+			case <-tick.C:
+				if cpuUsageMS() >= r.CPUMS {
+					kill()
+					return
+				}
+			}
+		}
+	}()
+	waitErr := cmd.Wait()
+	close(done)
+	wallMS := time.Since(start).Milliseconds()
+	// Whatever the code left running dies with it.
+	killGroup()
+	pumpsDone := make(chan struct{})
+	go func() { pumps.Wait(); close(pumpsDone) }()
+	select {
+	case <-pumpsDone:
+	case <-time.After(2 * time.Second):
+	}
+
+	exit := &wire.Exit{CPUMS: cpuUsageMS(), WallMS: wallMS}
+	ws, _ := cmd.ProcessState.Sys().(syscall.WaitStatus)
+	if waitErr != nil && cmd.ProcessState == nil {
+		return nil, fmt.Errorf("wait for python3: %w", waitErr)
+	}
+	switch {
+	case ws.Signaled():
+		exit.Signal = int(ws.Signal())
+		exit.ExitCode = 128 + exit.Signal
+	default:
+		exit.ExitCode = ws.ExitStatus()
+	}
+	sig := ws.Signaled()
+	switch {
+	case over:
+		exit.Reason = "timeout"
+	case sig && (ws.Signal() == unix.SIGXCPU || (ws.Signal() == unix.SIGKILL && exit.CPUMS >= r.CPUMS)):
+		exit.Reason = "timeout"
+	case eventCount("memory.events", "oom_kill") > 0 || eventCount("memory.events", "oom_group_kill") > 0:
+		exit.Reason = "memory"
+	case eventCount("pids.events", "max") > 0:
+		exit.Reason = "pids"
+	case fileAtLimit(r.FileSize, upperFS+"/u", upperFS+"/shm"):
+		exit.Reason = "filesize"
+	case diskFull(upperFS):
+		exit.Reason = "disk"
+	case sig:
+		exit.Reason = "signal"
+	}
+	return exit, nil
+}
+
+func killGroup() {
+	os.WriteFile(runGroup+"/cgroup.kill", []byte("1"), 0)
+}
+
+// cpuUsageMS is the CPU time the run's cgroup has used.
+func cpuUsageMS() int64 {
+	return eventCount("cpu.stat", "usage_usec") / 1000
+}
+
+// eventCount reads "key value" from a flat-keyed cgroup file.
+func eventCount(file, key string) int64 {
+	b, err := os.ReadFile(filepath.Join(runGroup, file))
+	if err != nil {
+		return 0
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) == 2 && f[0] == key {
+			n, _ := strconv.ParseInt(f[1], 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// fileAtLimit reports whether a regular file under dirs reached limit
+// bytes: the trace RLIMIT_FSIZE leaves (Python ignores SIGXFSZ and gets
+// EFBIG instead).
+func fileAtLimit(limit int64, dirs ...string) bool {
+	found := false
+	for _, d := range dirs {
+		filepath.WalkDir(d, func(p string, e fs.DirEntry, err error) error {
+			if err != nil {
+				return nil
+			}
+			if e.Type().IsRegular() {
+				if info, err := e.Info(); err == nil && info.Size() >= limit {
+					found = true
+					return filepath.SkipAll
+				}
+			}
+			return nil
+		})
+	}
+	return found
+}
+
+func diskFull(dir string) bool {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return false
+	}
+	return st.Bavail == 0 || st.Ffree == 0
+}
+
+// execPython is the exec stage: in the run's cgroup already, it sets the
+// rlimits and no_new_privs, enters the root filesystem, drops to the run's
+// uid and becomes python3. It never returns.
+func execPython(arg string) {
+	fail := func(err error) {
+		fmt.Fprintf(os.Stderr, "moat-agent: exec stage: %v\n", err)
+		os.Exit(127)
+	}
+	var spec execSpec
+	if err := json.Unmarshal([]byte(arg), &spec); err != nil {
+		fail(err)
+	}
+	for _, rl := range spec.Rlimits {
+		if err := unix.Setrlimit(int(rl[0]), &unix.Rlimit{Cur: rl[1], Max: rl[2]}); err != nil {
+			fail(fmt.Errorf("rlimit %d: %w", rl[0], err))
+		}
+	}
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		fail(err)
+	}
+	if err := unix.Chroot(newRoot); err != nil {
+		fail(err)
+	}
+	if err := unix.Chdir(workDir); err != nil {
+		fail(err)
+	}
+	if err := syscall.Setgroups(nil); err != nil {
+		fail(err)
+	}
+	if err := syscall.Setgid(runGID); err != nil {
+		fail(err)
+	}
+	if err := syscall.Setuid(runUID); err != nil {
+		fail(err)
+	}
+	fail(unix.Exec(python, spec.Args, os.Environ()))
+}

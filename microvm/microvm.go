@@ -1,0 +1,699 @@
+// Package microvm is moat's strongest isolation level: each run in a virtual
+// machine of its own, on its own kernel, behind a hypervisor.
+//
+// The VMM sits behind a small interface ([VMM], [VM]); QEMU's microvm
+// machine type is the one implemented ([QEMU]): direct kernel boot, no
+// PCI, virtio-mmio devices only, -nodefaults and -nic none (no network
+// device at all), no host directory shared into the guest, QEMU's seccomp
+// sandbox on, and QEMU itself running as an unprivileged uid of its own per
+// VM.
+//
+// The guest is Debian's cloud kernel (linux-image-cloud-amd64, extracted
+// into the state directory by scripts/setup-microvm.sh, never installed as
+// the host's kernel), an initramfs that moat generates (the modules for
+// virtio-mmio, virtio-blk, virtio-console and overlayfs, and moat's static
+// guest agent as /init), and the shared root filesystem of package image as
+// a read-only ext4 disk under a writable tmpfs layer (overlayfs). The agent
+// (./agent) talks to the host over one virtio-serial port with the framed
+// protocol of internal/wire: it receives the code, runs python3 as an
+// unprivileged uid in a cgroup of the guest with the run's limits, and
+// streams stdout and stderr back, then how the code ended.
+//
+// Limits inside the guest: memory and processes by the guest's cgroup v2
+// (memory.max, pids.max), CPU time by the cgroup's account and RLIMIT_CPU,
+// wall time by the agent (and a host-side backstop that kills the VM), file
+// size by RLIMIT_FSIZE, open files by RLIMIT_NOFILE, and the disk by the
+// size of the tmpfs that holds every writable place (/work, /tmp, /var/tmp,
+// /dev/shm). The guest's RAM is the memory limit plus the disk limit plus
+// 192MiB for the guest kernel, the agent and the page cache, at least
+// 512MiB, rounded up to 128MiB: so the default limits and every smaller
+// memory limit share one template, and the memory limit itself is the
+// cgroup's.
+//
+// Boot is rare: the first sandbox of a configuration boots a template VM,
+// and once its agent is ready saves it (QMP stop, then migrate to a file).
+// Every run starts a new QEMU that restores that file (-incoming), resumes
+// it, and sends the code together with the host's clock and fresh
+// randomness, which the agent sets and mixes into the guest's pool before
+// anything runs. The VM is killed after the run. [Config.Cold] boots a fresh
+// VM for every run instead, to measure what the template saves.
+//
+// Acceleration: the first use probes, with a bounded boot, whether KVM can
+// run the guest, and caches the answer in the state directory. Where it
+// cannot (a nested KVM that boots only kernels built for it, say), the level
+// falls back to QEMU's emulation (TCG) and says so in [Check], in each
+// Result's Notes and in the bench; [Config.RequireKVM] turns the fallback
+// into [moat.ErrUnavailable].
+package microvm
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/image"
+	"github.com/moatsandbox/moat/internal/capture"
+	"github.com/moatsandbox/moat/internal/uidpool"
+	"github.com/moatsandbox/moat/microvm/internal/wire"
+)
+
+// Config configures a microvm sandbox. The zero value is usable once
+// scripts/setup-microvm.sh has run.
+type Config struct {
+	// Limits bound each run. Zero fields mean moat's defaults.
+	Limits moat.Limits `json:"limits"`
+	// StateDir is moat's state directory, where the kernel, the disk
+	// image, the agent and the templates are kept. Zero means
+	// image.DefaultStateDir() (/var/lib/moat for root).
+	StateDir string `json:"state_dir,omitempty"`
+	// Image chooses the shared root filesystem. Zero means the default
+	// image in StateDir.
+	Image image.Config `json:"image"`
+	// QEMU is the qemu-system-x86_64 binary. Zero means
+	// /usr/bin/qemu-system-x86_64.
+	QEMU string `json:"qemu,omitempty"`
+	// KernelDir is an extracted Debian linux-image package (boot/vmlinuz-REL
+	// and lib/modules/REL). Zero means the newest under
+	// STATE/microvm/kernels.
+	KernelDir string `json:"kernel_dir,omitempty"`
+	// Agent is a static build of ./agent. Zero means build it from this
+	// package's source (cached), or use the one setup-microvm.sh installed.
+	Agent string `json:"agent,omitempty"`
+	// VCPUs is the number of virtual CPUs of each VM. Zero means 1.
+	VCPUs int `json:"vcpus,omitempty"`
+	// Accel forces an accelerator: "kvm" or "tcg". Zero means probe and
+	// use KVM where it boots the guest, TCG otherwise.
+	Accel Accel `json:"accel,omitempty"`
+	// RequireKVM makes the level unavailable, instead of falling back to
+	// emulation, where KVM cannot boot the guest.
+	RequireKVM bool `json:"require_kvm,omitempty"`
+	// Cold boots a fresh VM for every run instead of restoring the
+	// template. It exists to measure what the template saves (the
+	// microvm-cold bench row). False means restore.
+	Cold bool `json:"cold,omitempty"`
+	// BootTimeout bounds one boot of a VM to the agent's hello. Zero means
+	// 90s.
+	BootTimeout moat.Duration `json:"boot_timeout,omitempty"`
+	// UIDFirst and UIDCount are the uids (and gids of the same number)
+	// QEMU processes run as, one per VM at a time. Zero means 2100200000
+	// and 4096. No user of the host should own a uid in this range.
+	UIDFirst int `json:"uid_first,omitempty"`
+	UIDCount int `json:"uid_count,omitempty"`
+	// Logger receives set-up facts at info level and a line per run at
+	// debug level. Nil means discard.
+	Logger *slog.Logger `json:"-"`
+}
+
+// Validate reports whether c is usable; the error wraps moat.ErrInvalid.
+func (c Config) Validate() error {
+	if err := c.Limits.Validate(); err != nil {
+		return err
+	}
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("microvm: "+format+": %w", append(args, moat.ErrInvalid)...)
+	}
+	switch c.Accel {
+	case "", AccelKVM, AccelTCG:
+	default:
+		return bad("accel %q is not kvm or tcg", c.Accel)
+	}
+	if c.RequireKVM && c.Accel == AccelTCG {
+		return bad("require_kvm contradicts accel tcg")
+	}
+	if c.VCPUs < 0 || c.VCPUs > 64 {
+		return bad("vcpus %d out of range 0..64", c.VCPUs)
+	}
+	if c.BootTimeout < 0 {
+		return bad("boot timeout %v is negative", c.BootTimeout)
+	}
+	if c.UIDFirst < 0 || c.UIDCount < 0 || (c.UIDFirst != 0 && c.UIDFirst < 1000) {
+		return bad("uid range %d+%d must lie above the system's users", c.UIDFirst, c.UIDCount)
+	}
+	for _, p := range []string{c.StateDir, c.QEMU, c.KernelDir, c.Agent} {
+		if p != "" && !filepath.IsAbs(p) {
+			return bad("path %q is not absolute", p)
+		}
+	}
+	return nil
+}
+
+func (c Config) withDefaults() Config {
+	if c.StateDir == "" {
+		c.StateDir = image.DefaultStateDir()
+	}
+	if c.Image.StateDir == "" {
+		c.Image.StateDir = c.StateDir
+	}
+	if c.QEMU == "" {
+		c.QEMU = "/usr/bin/qemu-system-x86_64"
+	}
+	if c.VCPUs == 0 {
+		c.VCPUs = 1
+	}
+	if c.BootTimeout == 0 {
+		c.BootTimeout = moat.Duration(90 * time.Second)
+	}
+	if c.UIDFirst == 0 {
+		c.UIDFirst = 2100200000
+	}
+	if c.UIDCount == 0 {
+		c.UIDCount = 4096
+	}
+	return c
+}
+
+// guestOverheadMiB is what the guest needs besides the run's memory and
+// disk: its kernel, the agent, the page cache of the root filesystem.
+const guestOverheadMiB = 192
+
+// GuestMemoryMiB returns the RAM a VM gets for limits l (defaults filled
+// in): the memory limit plus the disk limit (the writable layer is a tmpfs
+// in the guest's memory) plus 192MiB, at least 512MiB, rounded up to
+// 128MiB.
+func GuestMemoryMiB(l moat.Limits) int {
+	l = l.WithDefaults()
+	mib := int((l.Memory+l.Disk+moat.MiB-1)/moat.MiB) + guestOverheadMiB
+	mib = max(mib, 512)
+	return (mib + 127) / 128 * 128
+}
+
+// kernelCmdline is the guest's command line. Under TCG the guest sometimes
+// fails to calibrate its TSC against the emulated PIT; giving it the
+// frequency avoids that.
+func kernelCmdline(a Accel) string {
+	c := "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init random.trust_cpu=on"
+	if a == AccelTCG {
+		c += " tsc_early_khz=2000000 tsc=reliable"
+	}
+	return c
+}
+
+// Sandbox is the microvm level. It is safe for concurrent use.
+type Sandbox struct {
+	cfg    Config
+	limits moat.Limits
+	vmm    *QEMU
+	uids   *uidpool.Pool
+	spec   VMSpec // what every VM of this sandbox boots
+	accel  string // the accelerator and why, for Check
+	note   string // the accelerator, in short, for each Result
+	tmpl   string // the template's directory, unless cold
+	meta   *templateMeta
+	log    *slog.Logger
+
+	mu     sync.Mutex
+	closed bool
+	runs   sync.WaitGroup
+}
+
+var _ moat.Sandbox = (*Sandbox)(nil)
+
+func unavailable(reason, remedy string, err error) error {
+	return &moat.UnavailableError{Level: moat.LevelMicroVM, Reason: reason, Remedy: remedy, Err: err}
+}
+
+const setupRemedy = "run scripts/setup-microvm.sh as root"
+
+// New prepares the level (the kernel, the agent, the initramfs, the disk
+// image, the accelerator probe and, unless cfg.Cold, the template, each
+// built once and cached), reaps the VMs and files that moat processes no
+// longer alive left behind, and returns the sandbox. It returns an error
+// wrapping moat.ErrUnavailable when the level cannot run here.
+func New(cfg Config) (*Sandbox, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	reap(cfg.StateDir, log)
+	s, err := prepare(context.Background(), cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	if !cfg.Cold {
+		start := time.Now()
+		dir, meta, err := ensureTemplate(context.Background(), cfg.StateDir, s.vmm, s.spec, time.Duration(cfg.BootTimeout))
+		if err != nil {
+			return nil, unavailable("cannot boot the template VM", "see the error; "+setupRemedy, err)
+		}
+		s.tmpl, s.meta = dir, meta
+		log.Info("microvm: template", "dir", dir, "boot_ms", meta.BootMS, "save_ms", meta.SaveMS, "bytes", meta.Size, "took", time.Since(start))
+	}
+	return s, nil
+}
+
+// Check says whether a sandbox with cfg can run here and which accelerator
+// it uses, without reaping anything. It builds the cached assets and runs
+// the accelerator probe if they are not there yet, but boots no template.
+func Check(cfg Config) moat.Availability {
+	a := moat.Availability{Level: moat.LevelMicroVM}
+	if err := cfg.Validate(); err != nil {
+		a.Reason = err.Error()
+		return a
+	}
+	cfg = cfg.withDefaults()
+	s, err := prepare(context.Background(), cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		var ue *moat.UnavailableError
+		if errors.As(err, &ue) {
+			a.Reason, a.Remedy = ue.Reason, ue.Remedy
+			if ue.Err != nil {
+				a.Reason += ": " + ue.Err.Error()
+			}
+		} else {
+			a.Reason = err.Error()
+		}
+		return a
+	}
+	a.Available = true
+	a.Reason = s.accel
+	a.Details = s.details()
+	return a
+}
+
+// Accel returns the accelerator the sandbox's VMs use.
+func (s *Sandbox) Accel() Accel { return s.spec.Accel }
+
+// Level returns moat.LevelMicroVM.
+func (s *Sandbox) Level() moat.Level { return moat.LevelMicroVM }
+
+// Limits returns the limits every run gets, defaults filled in.
+func (s *Sandbox) Limits() moat.Limits { return s.limits }
+
+func (s *Sandbox) details() []string {
+	d := []string{
+		"vmm: " + s.vmm.Name() + " (" + s.vmm.Binary + "), machine microvm, no network device",
+		"accel: " + s.accel,
+		"kernel: " + s.spec.Kernel,
+		"disk: " + s.spec.Disk,
+		fmt.Sprintf("guest: %d MiB, %d vCPU", s.spec.MemoryMiB, s.spec.VCPUs),
+	}
+	if m := s.meta; m != nil {
+		d = append(d, fmt.Sprintf("template: %s (cold boot %d ms, save %d ms, %d bytes)", s.tmpl, m.BootMS, m.SaveMS, m.Size))
+	} else if s.cfg.Cold {
+		d = append(d, "template: none (cold boot per run)")
+	}
+	return d
+}
+
+// prepare finds or builds everything a VM boots from and chooses the
+// accelerator.
+func prepare(ctx context.Context, cfg Config, log *slog.Logger) (*Sandbox, error) {
+	if runtime.GOARCH != "amd64" {
+		return nil, unavailable("the microvm level is built for x86-64 hosts only", "", nil)
+	}
+	if os.Geteuid() != 0 {
+		return nil, unavailable(fmt.Sprintf("not root (uid %d): the level runs each QEMU as a uid of its own", os.Geteuid()), "run moat as root", nil)
+	}
+	s := &Sandbox{cfg: cfg, limits: cfg.Limits.WithDefaults(), log: log}
+	version, err := qemuVersion(ctx, cfg.QEMU)
+	if err != nil {
+		return nil, unavailable("QEMU is not installed", setupRemedy+" (apt-get install qemu-system-x86)", err)
+	}
+	uids, err := uidpool.New(cfg.UIDFirst, cfg.UIDCount, filepath.Join(runDir, "uids"))
+	if err != nil {
+		return nil, unavailable("cannot set up the uid pool for QEMU", "", err)
+	}
+	s.uids = uids
+	k, err := findKernel(cfg.StateDir, cfg.KernelDir)
+	if err != nil {
+		return nil, unavailable("no guest kernel", setupRemedy+" (it extracts linux-image-cloud-amd64 into the state directory)", err)
+	}
+	agent, err := ensureAgent(ctx, cfg.StateDir, cfg.Agent)
+	if err != nil {
+		return nil, unavailable("no guest agent", setupRemedy, err)
+	}
+	initrd, err := ensureInitrd(cfg.StateDir, agent, k)
+	if err != nil {
+		return nil, unavailable("cannot make the initramfs", "", err)
+	}
+	disk, err := ensureDisk(ctx, cfg.StateDir, cfg.Image)
+	if err != nil {
+		return nil, unavailable("cannot make the root disk from the shared image", setupRemedy+" (or moat image build)", err)
+	}
+	s.spec = VMSpec{
+		Kernel: k.Image, Initrd: initrd, Disk: disk,
+		MemoryMiB: GuestMemoryMiB(s.limits), VCPUs: cfg.VCPUs,
+	}
+	s.vmm = &QEMU{Binary: cfg.QEMU, Version: version, Tag: vmTag}
+
+	// The accelerator.
+	switch {
+	case cfg.Accel == AccelTCG:
+		s.spec.Accel = AccelTCG
+		s.accel = "tcg (software emulation, chosen by the operator)"
+	default:
+		probeSpec := s.spec
+		probeSpec.Cmdline = kernelCmdline(AccelKVM)
+		p := probeKVM(ctx, cfg.StateDir, s.vmm, probeSpec)
+		var gid uint32
+		if p.KVM {
+			gid, err = kvmGroup()
+			if err != nil {
+				p = accelProbe{Reason: "the guest boots under KVM, but " + err.Error()}
+			}
+		}
+		switch {
+		case p.KVM:
+			s.spec.Accel = AccelKVM
+			s.accel = "kvm (" + p.Reason + ")"
+			s.vmm.Credentials = s.credentials([]uint32{gid})
+		case cfg.RequireKVM || cfg.Accel == AccelKVM:
+			return nil, unavailable("KVM cannot run the guest: "+p.Reason, "run on a host with hardware virtualization that boots stock kernels, or drop require_kvm to accept emulation (about 40x slower)", nil)
+		default:
+			s.spec.Accel = AccelTCG
+			s.accel = "tcg (software emulation, about 40x slower than KVM: " + p.Reason + ")"
+		}
+	}
+	if s.vmm.Credentials == nil {
+		s.vmm.Credentials = s.credentials(nil)
+	}
+	s.spec.Cmdline = kernelCmdline(s.spec.Accel)
+	s.note = "accel: " + string(s.spec.Accel)
+	if s.spec.Accel == AccelTCG && cfg.Accel == "" {
+		s.note += " (software emulation: KVM cannot boot the guest here; moat doctor says why)"
+	}
+	return s, nil
+}
+
+// credentials gives each VM a uid of its own from the pool.
+func (s *Sandbox) credentials(groups []uint32) func() (int, int, []uint32, func(), error) {
+	return func() (int, int, []uint32, func(), error) {
+		l, err := s.uids.Acquire()
+		if err != nil {
+			return 0, 0, nil, nil, fmt.Errorf("microvm: %w", err)
+		}
+		return l.UID, l.UID, groups, l.Release, nil
+	}
+}
+
+// qemuVersion runs qemu --version and returns "7.2.22".
+func qemuVersion(ctx context.Context, bin string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "--version")
+	cmd.Env = []string{}
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("microvm: %s --version: %w", bin, err)
+	}
+	f := strings.Fields(string(out))
+	for i, w := range f {
+		if w == "version" && i+1 < len(f) {
+			return f[i+1], nil
+		}
+	}
+	return "", fmt.Errorf("microvm: %s --version said %q", bin, bytes.TrimSpace(out))
+}
+
+// runDir holds moat's runtime files of this level (the uid pool's locks).
+const runDir = "/run/moat/microvm"
+
+// vmTag marks a QEMU process of this moat process: "moat-vm:PID:RANDOM".
+func vmTag() string {
+	var b [6]byte
+	rand.Read(b[:])
+	return fmt.Sprintf("%s%d:%s", tagPrefix, os.Getpid(), hex.EncodeToString(b[:]))
+}
+
+const tagPrefix = "moat-vm:"
+
+// vmProcess is a QEMU process of moat, found by its tag.
+type vmProcess struct {
+	pid, owner int
+}
+
+// listVMs returns the QEMU processes that carry moat's tag.
+func listVMs() []vmProcess {
+	ents, _ := os.ReadDir("/proc")
+	var out []vmProcess
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(b), "\x00")
+		for i := 0; i+1 < len(args); i++ {
+			if args[i] == "-name" && strings.HasPrefix(args[i+1], tagPrefix) {
+				rest := strings.TrimPrefix(args[i+1], tagPrefix)
+				owner, _ := strconv.Atoi(strings.SplitN(rest, ":", 2)[0])
+				out = append(out, vmProcess{pid: pid, owner: owner})
+				break
+			}
+		}
+	}
+	return out
+}
+
+// reap kills the VMs whose moat process is gone and removes the half-made
+// files such processes left in the state directory.
+func reap(stateDir string, log *slog.Logger) {
+	for _, p := range listVMs() {
+		if p.owner == os.Getpid() || (p.owner > 0 && syscall.Kill(p.owner, 0) == nil) {
+			continue
+		}
+		if err := syscall.Kill(p.pid, syscall.SIGKILL); err == nil {
+			log.Info("microvm: reaped a leftover VM", "pid", p.pid, "owner", p.owner)
+		}
+	}
+	for _, sub := range []string{"templates", "agent/*", "initrd", "disks"} {
+		tmps, _ := filepath.Glob(filepath.Join(stateDir, "microvm", sub, "*.tmp-*"))
+		for _, t := range tmps {
+			_, rest, _ := strings.Cut(filepath.Base(t), ".tmp-")
+			pid, err := strconv.Atoi(strings.SplitN(rest, "-", 2)[0])
+			if err != nil || pid == os.Getpid() || syscall.Kill(pid, 0) == nil {
+				continue
+			}
+			if err := os.RemoveAll(t); err == nil {
+				log.Info("microvm: reaped a leftover file", "path", t)
+			}
+		}
+	}
+}
+
+// Close makes later runs fail with moat.ErrClosed and waits for runs in
+// progress. It is safe to call more than once.
+func (s *Sandbox) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.runs.Wait()
+	return nil
+}
+
+// backstop is how long past the wall time the host waits for the agent's
+// report before it kills the VM itself.
+const backstop = 15 * time.Second
+
+// Run runs req.Code under python3 in a VM of its own; see moat.Sandbox for
+// the contract.
+func (s *Sandbox) Run(ctx context.Context, req moat.Request) (*moat.Result, error) {
+	if len(req.Code) == 0 {
+		return nil, fmt.Errorf("microvm: empty code: %w", moat.ErrInvalid)
+	}
+	if len(req.Code) > int(s.limits.Disk) || len(req.Code) > wire.MaxPayload-4096 {
+		return nil, fmt.Errorf("microvm: code of %d bytes is larger than the disk limit %v: %w", len(req.Code), s.limits.Disk, moat.ErrInvalid)
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("microvm: %w", moat.ErrClosed)
+	}
+	s.runs.Add(1)
+	s.mu.Unlock()
+	defer s.runs.Done()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	vm, how, err := s.startVM(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, err
+	}
+	defer vm.Kill()
+	res, err := s.talk(ctx, vm, req)
+	if err != nil {
+		return nil, err
+	}
+	vm.Kill()
+	res.Notes = append([]string{s.note, how}, res.Notes...)
+	res.Duration = time.Since(start)
+	s.log.Debug("microvm: run", "duration", res.Duration, "exit", res.ExitCode, "reason", res.Reason, "start", how)
+	return res, nil
+}
+
+// startVM restores the template, or boots a fresh VM when the sandbox is
+// cold, and returns it running with its agent waiting for the code.
+func (s *Sandbox) startVM(ctx context.Context) (VM, string, error) {
+	start := time.Now()
+	if s.cfg.Cold {
+		vm, _, err := bootToHello(ctx, s.vmm, s.spec, time.Duration(s.cfg.BootTimeout))
+		if err != nil {
+			return nil, "", err
+		}
+		return vm, fmt.Sprintf("vm: cold boot to a ready agent in %d ms", time.Since(start).Milliseconds()), nil
+	}
+	spec := s.spec
+	spec.Restore = filepath.Join(s.tmpl, "state")
+	vm, err := s.vmm.Start(ctx, spec)
+	if err != nil {
+		return nil, "", err
+	}
+	rctx, cancel := context.WithTimeout(ctx, time.Duration(s.cfg.BootTimeout))
+	defer cancel()
+	if err := vm.Resume(rctx); err != nil {
+		vm.Kill()
+		return nil, "", err
+	}
+	return vm, fmt.Sprintf("vm: restored from template %s in %d ms", filepath.Base(s.tmpl)[:12], time.Since(start).Milliseconds()), nil
+}
+
+type frame struct {
+	kind    wire.Kind
+	payload []byte
+}
+
+// talk sends the run to the agent and collects what it reports.
+func (s *Sandbox) talk(ctx context.Context, vm VM, req moat.Request) (*moat.Result, error) {
+	lim := s.limits
+	seed := make([]byte, 64)
+	rand.Read(seed)
+	run := wire.Run{
+		Code: req.Code, UnixNano: time.Now().UnixNano(), Seed: seed,
+		WallMS: time.Duration(lim.WallTime).Milliseconds(), CPUMS: time.Duration(lim.CPUTime).Milliseconds(),
+		Memory: int64(lim.Memory), Pids: int64(lim.Pids), FileSize: int64(lim.FileSize),
+		Disk: int64(lim.Disk), OpenFiles: int64(lim.OpenFiles),
+	}
+	conn := vm.Agent()
+	frames := make(chan frame, 16)
+	readerDone := make(chan error, 1)
+	go func() {
+		defer close(frames)
+		for {
+			k, p, err := wire.Read(conn, 0)
+			if err != nil {
+				readerDone <- err
+				return
+			}
+			frames <- frame{k, p}
+		}
+	}()
+	// Whatever happens below, the reader ends before talk returns: killing
+	// the VM closes the connection.
+	defer func() {
+		vm.Kill()
+		for range frames {
+		}
+	}()
+	sendErr := make(chan error, 1)
+	go func() { sendErr <- wire.WriteJSON(conn, wire.KindRun, run) }()
+
+	stdout := capture.New(int64(lim.Output), req.Stdout)
+	stderr := capture.New(int64(lim.Output), req.Stderr)
+	timer := time.NewTimer(time.Duration(lim.WallTime) + backstop)
+	defer timer.Stop()
+	var (
+		started  bool
+		exit     *wire.Exit
+		canceled bool
+		hostKill bool
+	)
+loop:
+	for {
+		select {
+		case f, ok := <-frames:
+			if !ok {
+				break loop
+			}
+			switch f.kind {
+			case wire.KindStarted:
+				started = true
+			case wire.KindStdout:
+				stdout.Write(f.payload)
+			case wire.KindStderr:
+				stderr.Write(f.payload)
+			case wire.KindExit:
+				var e wire.Exit
+				if err := json.Unmarshal(f.payload, &e); err != nil {
+					return nil, fmt.Errorf("microvm: the agent's exit report: %w", err)
+				}
+				exit = &e
+				break loop
+			case wire.KindFail:
+				return nil, unavailable("the guest agent failed", "", errors.New(string(f.payload)))
+			}
+		case err := <-sendErr:
+			if err != nil {
+				return nil, fmt.Errorf("microvm: send the code: %w", err)
+			}
+			sendErr = nil
+		case <-ctx.Done():
+			canceled = true
+			break loop
+		case <-timer.C:
+			hostKill = true
+			break loop
+		}
+	}
+	vm.Kill()
+	for range frames { // the output that was on its way
+	}
+	res := &moat.Result{
+		Level:     moat.LevelMicroVM,
+		Stdout:    stdout.Bytes(),
+		Stderr:    stderr.Bytes(),
+		Truncated: stdout.Truncated() || stderr.Truncated(),
+	}
+	switch {
+	case exit != nil:
+		res.ExitCode = exit.ExitCode
+		if exit.Signal > 0 {
+			res.Signal = unix.SignalName(syscall.Signal(exit.Signal))
+		}
+		res.Reason = moat.Reason(exit.Reason)
+		if res.Truncated && (res.Reason == moat.ReasonNone || res.Reason == moat.ReasonSignal) {
+			res.Reason = moat.ReasonOutput
+		}
+	case canceled && !started:
+		return nil, ctx.Err()
+	case canceled, hostKill:
+		res.ExitCode = 128 + int(syscall.SIGKILL)
+		res.Signal = "SIGKILL"
+		res.Reason = moat.ReasonCanceled
+		if hostKill {
+			res.Reason = moat.ReasonTimeout
+			res.Notes = append(res.Notes, "the agent did not report within the wall time; the host killed the VM")
+		}
+	default:
+		err := <-readerDone
+		return nil, fmt.Errorf("microvm: the VM ended without a report (%v)", err)
+	}
+	return res, nil
+}

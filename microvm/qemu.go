@@ -1,0 +1,317 @@
+package microvm
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/moatsandbox/moat/internal/capture"
+)
+
+// QEMU is the [VMM] built on qemu-system-x86_64's microvm machine type:
+// direct kernel boot, no firmware tables beyond ACPI, no PCI, virtio-mmio
+// devices only, and -nodefaults so that nothing is there that moat did not
+// ask for (no network card, no display, no USB). Its zero value is not
+// usable; fill in Binary.
+type QEMU struct {
+	// Binary is the path of qemu-system-x86_64.
+	Binary string
+	// Version is what the binary says, e.g. "7.2.22".
+	Version string
+	// UID and GID, when not zero, are the credentials the QEMU process runs
+	// with; Groups are its supplementary groups (the group of /dev/kvm, say).
+	// Credentials returns them per VM, so that each VM has a uid of its own.
+	Credentials func() (uid, gid int, groups []uint32, release func(), err error)
+	// Tag marks every QEMU process in its command line (-name), so that
+	// leftovers can be found: "moat-vm:OWNERPID:ID".
+	Tag func() string
+}
+
+// Name implements VMM.
+func (q *QEMU) Name() string { return "qemu " + q.Version }
+
+// qemuVM is one QEMU process.
+type qemuVM struct {
+	cmd     *exec.Cmd
+	agent   net.Conn
+	mon     *qmp
+	stderr  *capture.Buffer
+	release func()
+	console chan struct{} // closed when the console's copier is done
+	exited  chan struct{}
+	waitErr error
+
+	killOnce sync.Once
+}
+
+// Descriptors QEMU inherits: the agent's port, the monitor, and one more
+// (the console's socket for a boot, the state for a restore).
+const (
+	fdAgent = 3
+	fdQMP   = 4
+	fdExtra = 5
+)
+
+// args returns QEMU's command line for spec.
+func (q *QEMU) args(spec VMSpec, tag string) []string {
+	mem := strconv.Itoa(spec.MemoryMiB) + "M"
+	cpu := "max"
+	if spec.Accel == AccelKVM {
+		// Without arch-capabilities: a nested KVM that rejects writes to
+		// that MSR makes QEMU 7.2 abort on an assertion at start.
+		cpu = "host,-arch-capabilities"
+	}
+	a := []string{
+		"-name", tag,
+		"-nodefaults", "-no-user-config", "-display", "none", "-nic", "none",
+		"-machine", "microvm,accel=" + string(spec.Accel) + ",pcie=off",
+		"-cpu", cpu,
+		"-smp", strconv.Itoa(spec.VCPUs),
+		"-m", mem,
+		"-no-reboot",
+		"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+		"-kernel", spec.Kernel, "-initrd", spec.Initrd, "-append", spec.Cmdline,
+		"-drive", "id=root,file=" + escapeOpt(spec.Disk) + ",format=raw,if=none,readonly=on",
+		"-device", "virtio-blk-device,drive=root",
+		"-device", "virtio-serial-device,max_ports=2",
+		"-chardev", "socket,id=agent,fd=3",
+		"-device", "virtserialport,chardev=agent,name=" + portName,
+		"-chardev", "socket,id=qmp,fd=4",
+		"-mon", "chardev=qmp,mode=control",
+	}
+	if spec.Console != nil && spec.Restore == "" {
+		a = append(a, "-chardev", "socket,id=con,fd="+strconv.Itoa(fdExtra), "-serial", "chardev:con")
+	} else {
+		a = append(a, "-chardev", "null,id=con", "-serial", "chardev:con")
+	}
+	if spec.MemoryFile != "" {
+		share := "off"
+		if spec.Restore == "" {
+			share = "on"
+		}
+		a[slicesIndex(a, "microvm,accel="+string(spec.Accel)+",pcie=off")] += ",memory-backend=ram"
+		a = append(a, "-object", "memory-backend-file,id=ram,size="+mem+",mem-path="+escapeOpt(spec.MemoryFile)+",share="+share)
+	}
+	if spec.Restore != "" {
+		a = append(a, "-incoming", "fd:"+strconv.Itoa(fdExtra))
+	}
+	return a
+}
+
+func slicesIndex(s []string, v string) int {
+	for i, x := range s {
+		if x == v {
+			return i
+		}
+	}
+	panic("microvm: missing argument " + v)
+}
+
+// escapeOpt escapes a value inside a QEMU option list, where a comma must
+// be doubled.
+func escapeOpt(s string) string { return strings.ReplaceAll(s, ",", ",,") }
+
+// Start implements VMM.
+func (q *QEMU) Start(ctx context.Context, spec VMSpec) (VM, error) {
+	agentHost, agentVM, err := socketPair()
+	if err != nil {
+		return nil, err
+	}
+	defer agentVM.Close()
+	qmpHost, qmpVM, err := socketPair()
+	if err != nil {
+		agentHost.Close()
+		return nil, err
+	}
+	defer qmpVM.Close()
+	tag := "moat-vm"
+	if q.Tag != nil {
+		tag = q.Tag()
+	}
+	vm := &qemuVM{
+		agent:   agentHost,
+		stderr:  capture.New(16<<10, nil),
+		exited:  make(chan struct{}),
+		release: func() {},
+	}
+	fail := func(err error) (VM, error) {
+		agentHost.Close()
+		qmpHost.Close()
+		vm.release()
+		return nil, err
+	}
+	cmd := exec.Command(q.Binary, q.args(spec, tag)...)
+	cmd.Env = []string{}
+	cmd.Dir = "/"
+	cmd.Stdout = vm.stderr
+	cmd.Stderr = vm.stderr
+	cmd.ExtraFiles = []*os.File{agentVM, qmpVM}
+	if spec.Restore != "" {
+		// QEMU reads the state from a descriptor moat opened: the VM's uid
+		// needs no access to the template.
+		state, err := os.Open(spec.Restore)
+		if err != nil {
+			return fail(fmt.Errorf("microvm: restore: %w", err))
+		}
+		defer state.Close()
+		cmd.ExtraFiles = append(cmd.ExtraFiles, state)
+	} else if spec.Console != nil {
+		conHost, conVM, err := socketPair()
+		if err != nil {
+			return fail(err)
+		}
+		defer conVM.Close()
+		cmd.ExtraFiles = append(cmd.ExtraFiles, conVM)
+		vm.console = make(chan struct{})
+		go func() {
+			defer close(vm.console)
+			defer conHost.Close()
+			io.Copy(spec.Console, conHost)
+		}()
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	if q.Credentials != nil {
+		uid, gid, groups, release, err := q.Credentials()
+		if err != nil {
+			return fail(err)
+		}
+		vm.release = release
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: groups}
+	}
+	cmd.WaitDelay = time.Second
+	err = cmd.Start()
+	agentVM.Close() // QEMU holds its ends now: its exit closes the sockets
+	qmpVM.Close()
+	if err != nil {
+		return fail(fmt.Errorf("microvm: start %s: %w", q.Binary, err))
+	}
+	vm.cmd = cmd
+	go func() {
+		vm.waitErr = cmd.Wait()
+		close(vm.exited)
+	}()
+	mctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	stop := context.AfterFunc(mctx, func() { qmpHost.SetDeadline(time.Now()) })
+	defer stop()
+	mon, err := dialQMP(mctx, qmpHost)
+	if err != nil {
+		vm.Kill()
+		qmpHost.Close()
+		return nil, vm.explain(err)
+	}
+	vm.mon = mon
+	return vm, nil
+}
+
+// explain adds what QEMU printed to err.
+func (vm *qemuVM) explain(err error) error {
+	select {
+	case <-vm.exited:
+	case <-time.After(100 * time.Millisecond):
+	}
+	if out := bytes.TrimSpace(vm.stderr.Bytes()); len(out) > 0 {
+		return fmt.Errorf("%w (qemu: %s)", err, strings.ToValidUTF8(string(out), "?"))
+	}
+	return err
+}
+
+func (vm *qemuVM) Agent() net.Conn         { return vm.agent }
+func (vm *qemuVM) Pid() int                { return vm.cmd.Process.Pid }
+func (vm *qemuVM) Exited() <-chan struct{} { return vm.exited }
+
+// Save implements VM: stop, then migrate to a file that moat opened and
+// passed to QEMU.
+func (vm *qemuVM) Save(ctx context.Context, path string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return fmt.Errorf("microvm: save: %w", err)
+	}
+	defer f.Close()
+	if err := vm.mon.execute(ctx, "stop", nil, nil); err != nil {
+		return vm.explain(err)
+	}
+	if err := vm.mon.executeFD(ctx, "getfd", map[string]any{"fdname": "state"}, nil, f); err != nil {
+		return vm.explain(err)
+	}
+	if err := vm.mon.execute(ctx, "migrate", map[string]any{"uri": "fd:state"}, nil); err != nil {
+		return vm.explain(err)
+	}
+	for {
+		st, desc, err := vm.mon.migration(ctx)
+		if err != nil {
+			return vm.explain(err)
+		}
+		switch st {
+		case "completed":
+			return nil
+		case "failed", "cancelled":
+			return vm.explain(fmt.Errorf("microvm: save: migration %s: %s", st, desc))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-vm.exited:
+			return vm.explain(errors.New("microvm: save: qemu exited"))
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Resume implements VM: wait for the incoming migration, then cont.
+func (vm *qemuVM) Resume(ctx context.Context) error {
+	for {
+		st, err := vm.mon.status(ctx)
+		if err != nil {
+			return vm.explain(err)
+		}
+		switch st {
+		case "running":
+			return nil
+		case "paused", "postmigrate":
+			if err := vm.mon.execute(ctx, "cont", nil, nil); err != nil {
+				return vm.explain(err)
+			}
+			return nil
+		case "inmigrate", "prelaunch", "restore-vm":
+		default:
+			return vm.explain(fmt.Errorf("microvm: restore: the VM is %s", st))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-vm.exited:
+			return vm.explain(errors.New("microvm: restore: qemu exited"))
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// Kill implements VM.
+func (vm *qemuVM) Kill() error {
+	vm.killOnce.Do(func() {
+		if vm.cmd != nil && vm.cmd.Process != nil {
+			vm.cmd.Process.Kill()
+			<-vm.exited
+		}
+		vm.agent.Close()
+		if vm.console != nil && vm.cmd != nil && vm.cmd.Process != nil {
+			<-vm.console
+		}
+		if vm.mon != nil {
+			vm.mon.close()
+		}
+		vm.release()
+	})
+	return nil
+}

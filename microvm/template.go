@@ -1,0 +1,196 @@
+package microvm
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/moatsandbox/moat/internal/capture"
+	"github.com/moatsandbox/moat/microvm/internal/wire"
+)
+
+// A template is a VM booted once, up to the point where its agent is ready,
+// and saved: every sandbox starts as a restore of it.
+//
+//	STATE/microvm/templates/KEY/state       QEMU's migration stream
+//	STATE/microvm/templates/KEY/meta.json   what it is and how long it took
+//	STATE/microvm/templates/KEY/console.log the boot's serial console
+//
+// The key covers everything that changes what the saved VM holds: the VMM
+// and its version, the kernel, the initramfs (and so the agent), the disk,
+// the command line, the accelerator, the guest's memory size and vCPUs.
+
+// templateMeta is meta.json.
+type templateMeta struct {
+	Key       string    `json:"key"`
+	VMM       string    `json:"vmm"`
+	Kernel    string    `json:"kernel"`
+	Accel     Accel     `json:"accel"`
+	MemoryMiB int       `json:"memory_mib"`
+	VCPUs     int       `json:"vcpus"`
+	BootMS    int64     `json:"boot_ms"`       // QEMU start to the agent's hello
+	GuestMS   int64     `json:"guest_boot_ms"` // the guest's own clock at hello
+	SaveMS    int64     `json:"save_ms"`
+	Size      int64     `json:"state_bytes"`
+	Created   time.Time `json:"created"`
+}
+
+// templateKey names the template of spec.
+func templateKey(vmm VMM, spec VMSpec) (string, error) {
+	h := sha256.New()
+	fmt.Fprintf(h, "template v1\nvmm=%s\ncmdline=%s\naccel=%s\nmem=%d\nvcpus=%d\n",
+		vmm.Name(), spec.Cmdline, spec.Accel, spec.MemoryMiB, spec.VCPUs)
+	if err := fileKey(h, spec.Kernel, spec.Initrd, spec.Disk); err != nil {
+		return "", fmt.Errorf("microvm: template key: %w", err)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:24], nil
+}
+
+// bootToHello starts a fresh VM from spec and waits, at most timeout, for
+// its agent's hello.
+func bootToHello(ctx context.Context, vmm VMM, spec VMSpec, timeout time.Duration) (VM, *wire.Hello, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	vm, err := vmm.Start(ctx, spec)
+	if err != nil {
+		return nil, nil, err
+	}
+	hello, err := readHello(ctx, vm)
+	if err != nil {
+		vm.Kill()
+		if ctx.Err() != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+			err = fmt.Errorf("the guest did not report ready within %v", timeout)
+		}
+		return nil, nil, fmt.Errorf("microvm: boot (%s): %w", spec.Accel, err)
+	}
+	return vm, hello, nil
+}
+
+// readHello reads the agent's first frame, which must be a hello.
+func readHello(ctx context.Context, vm VM) (*wire.Hello, error) {
+	conn := vm.Agent()
+	stop := context.AfterFunc(ctx, func() { conn.SetReadDeadline(time.Now()) })
+	defer stop()
+	defer conn.SetReadDeadline(time.Time{})
+	k, p, err := wire.Read(conn, 64<<10)
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			err = errors.New("the VM ended before its agent was ready")
+		}
+		return nil, err
+	}
+	switch k {
+	case wire.KindHello:
+		var h wire.Hello
+		if err := json.Unmarshal(p, &h); err != nil {
+			return nil, err
+		}
+		return &h, nil
+	case wire.KindFail:
+		return nil, fmt.Errorf("the guest agent failed: %s", p)
+	}
+	return nil, fmt.Errorf("the guest agent said %s before hello", k)
+}
+
+// ensureTemplate returns the template of spec, booting and saving it if it
+// is not there yet. Concurrent callers (in this process or another) wait
+// for one boot. The files are root's: QEMU gets the state as a descriptor
+// and its uid needs no access to them.
+func ensureTemplate(ctx context.Context, stateDir string, vmm VMM, spec VMSpec, timeout time.Duration) (dir string, meta *templateMeta, err error) {
+	key, err := templateKey(vmm, spec)
+	if err != nil {
+		return "", nil, err
+	}
+	dir = filepath.Join(stateDir, "microvm", "templates", key)
+	if m, err := readMeta(dir); err == nil {
+		return dir, m, nil
+	}
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return "", nil, fmt.Errorf("microvm: %w", err)
+	}
+	unlock, err := lockFile(dir + ".lock")
+	if err != nil {
+		return "", nil, err
+	}
+	defer unlock()
+	if m, err := readMeta(dir); err == nil {
+		return dir, m, nil
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(dir), fmt.Sprintf("%s.tmp-%d-", key, os.Getpid()))
+	if err != nil {
+		return "", nil, fmt.Errorf("microvm: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	os.Chmod(tmp, 0o755)
+	console := capture.New(256<<10, nil)
+	spec.Console = console
+	start := time.Now()
+	vm, hello, err := bootToHello(ctx, vmm, spec, timeout)
+	if err != nil {
+		return "", nil, fmt.Errorf("%w%s", err, consoleTail(console.Bytes()))
+	}
+	defer vm.Kill()
+	bootMS := time.Since(start).Milliseconds()
+	saveStart := time.Now()
+	state := filepath.Join(tmp, "state")
+	if err := vm.Save(ctx, state); err != nil {
+		return "", nil, fmt.Errorf("microvm: save the template: %w", err)
+	}
+	saveMS := time.Since(saveStart).Milliseconds()
+	vm.Kill()
+	if err := os.WriteFile(filepath.Join(tmp, "console.log"), console.Bytes(), 0o644); err != nil {
+		return "", nil, fmt.Errorf("microvm: %w", err)
+	}
+	st, err := os.Stat(state)
+	if err != nil {
+		return "", nil, fmt.Errorf("microvm: save the template: %w", err)
+	}
+	m := &templateMeta{
+		Key: key, VMM: vmm.Name(), Kernel: hello.Kernel, Accel: spec.Accel,
+		MemoryMiB: spec.MemoryMiB, VCPUs: spec.VCPUs,
+		BootMS: bootMS, GuestMS: hello.BootMS, SaveMS: saveMS, Size: st.Size(), Created: time.Now().UTC(),
+	}
+	b, _ := json.MarshalIndent(m, "", "  ")
+	if err := os.WriteFile(filepath.Join(tmp, "meta.json"), append(b, '\n'), 0o644); err != nil {
+		return "", nil, fmt.Errorf("microvm: %w", err)
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		return "", nil, fmt.Errorf("microvm: %w", err)
+	}
+	return dir, m, nil
+}
+
+func readMeta(dir string) (*templateMeta, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "meta.json"))
+	if err != nil {
+		return nil, err
+	}
+	var m templateMeta
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(filepath.Join(dir, "state")); err != nil {
+		return nil, err
+	}
+	return &m, nil
+}
+
+// consoleTail returns the end of a boot's console log, for an error
+// message.
+func consoleTail(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	if len(b) > 1500 {
+		b = b[len(b)-1500:]
+	}
+	return "; console: " + strings.ToValidUTF8(strings.TrimSpace(string(b)), "?")
+}

@@ -1,0 +1,100 @@
+package microvm
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"syscall"
+)
+
+// Accel is how the VMM runs guest code: with the host's hardware
+// virtualization (KVM) or by emulating the CPU (TCG).
+type Accel string
+
+// The accelerators.
+const (
+	AccelKVM Accel = "kvm"
+	AccelTCG Accel = "tcg"
+)
+
+// VMM starts virtual machines. QEMU's microvm machine type is the one moat
+// implements ([QEMU]); Firecracker or Cloud Hypervisor would be others.
+//
+// Start is safe for concurrent use. The VM it returns belongs to the
+// caller, who must Kill it (Kill is idempotent and waits for the VMM's
+// process to go). Cancelling ctx bounds the start only, not the VM's life.
+type VMM interface {
+	// Name names the VMM and its version, e.g. "qemu 7.2.22".
+	Name() string
+	// Start boots spec.Kernel, or restores spec.Restore when set, and
+	// returns the running VM.
+	Start(ctx context.Context, spec VMSpec) (VM, error)
+}
+
+// VMSpec describes one VM. The guest has no network device and no host
+// directory; its only channels to the host are the agent's port and, for
+// the boot of a template, a console written to a file.
+type VMSpec struct {
+	Kernel  string // the guest kernel image
+	Initrd  string // the initramfs, holding the agent as /init
+	Cmdline string // the kernel command line
+	Disk    string // the root filesystem image, attached read-only as /dev/vda
+
+	MemoryMiB int
+	VCPUs     int
+	Accel     Accel
+
+	// MemoryFile backs the guest's RAM. A template boot maps it shared,
+	// so that the saved memory is the file itself; a restore maps it
+	// private, so that each clone reads the template's pages from the
+	// page cache and copies only those it writes. Empty means anonymous
+	// memory, saved into the state file.
+	MemoryFile string
+	// Restore is a state file saved by [VM.Save]. The VM starts paused
+	// from it; [VM.Resume] lets it run.
+	Restore string
+	// Console receives the guest's serial console, from a goroutine of the
+	// VM that ends before Kill returns. Nil means discard.
+	Console io.Writer
+}
+
+// VM is one running virtual machine.
+type VM interface {
+	// Agent is the host's end of the guest agent's port.
+	Agent() net.Conn
+	// Save pauses the guest and writes its state to path. The VM stays
+	// paused; the caller kills it afterwards.
+	Save(ctx context.Context, path string) error
+	// Resume waits for a restore to finish and lets the guest run.
+	Resume(ctx context.Context) error
+	// Pid is the VMM process's id on the host.
+	Pid() int
+	// Exited is closed when the VMM process has ended.
+	Exited() <-chan struct{}
+	// Kill ends the VMM process and waits for it. It may be called more
+	// than once.
+	Kill() error
+}
+
+// socketPair returns two connected unix stream sockets: the host's end as a
+// net.Conn and the VMM's end as a file to pass to it.
+func socketPair() (net.Conn, *os.File, error) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("microvm: socketpair: %w", err)
+	}
+	host := os.NewFile(uintptr(fds[0]), "host")
+	defer host.Close()
+	conn, err := net.FileConn(host)
+	if err != nil {
+		syscall.Close(fds[1])
+		return nil, nil, fmt.Errorf("microvm: socketpair: %w", err)
+	}
+	return conn, os.NewFile(uintptr(fds[1]), "vmm"), nil
+}
+
+// portName names the virtio-serial port of the guest agent; the agent finds
+// its device by this name.
+const portName = "moat.agent"
