@@ -1,0 +1,142 @@
+package container
+
+import (
+	"errors"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/moatsandbox/moat"
+)
+
+func TestRuncFixed(t *testing.T) {
+	for v, want := range map[string]bool{
+		"1.1.5": false, "1.1.15": false, "1.2.0": false, "1.2.7": false, "1.2.8": true, "1.2.9": true,
+		"1.3.0": false, "1.3.2": false, "1.3.3": true, "1.3.6": true, "1.4.0": true, "1.10.0": true,
+		"2.0.0": true, "0.9.9": false, "": false, "garbage": false,
+	} {
+		if got := runcFixed(v); got != want {
+			t.Errorf("runcFixed(%q) = %v, want %v", v, got, want)
+		}
+	}
+	for in, want := range map[string]string{
+		"1.1.5+ds1-1+deb12u1": "1.1.5", "v1.3.6": "1.3.6", "1.4.0-rc.1": "1.4.0", " 1.2.8 ": "1.2.8", "abc": "",
+	} {
+		if got := parseRuncVersion(in); got != want {
+			t.Errorf("parseRuncVersion(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// TestHostConfigHardening checks every hardening item of the level in what
+// is sent to the engine.
+func TestHostConfigHardening(t *testing.T) {
+	cfg, err := Config{Limits: moat.Limits{Memory: 128 * moat.MiB, Pids: 32, Disk: 64 * moat.MiB, OpenFiles: 100, FileSize: 8 * moat.MiB}, Image: "img"}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := newSpec(cfg, "runc-moat", map[string]string{LabelOwner: "42"})
+	hc, cc := sp.hostConfig(), sp.config()
+	check := func(ok bool, what string, got any) {
+		t.Helper()
+		if !ok {
+			t.Errorf("%s: got %v", what, got)
+		}
+	}
+	check(hc.NetworkMode == "none" && cc.NetworkDisabled, "no network", hc.NetworkMode)
+	check(hc.ReadonlyRootfs, "read-only root", hc.ReadonlyRootfs)
+	check(len(hc.CapDrop) == 1 && hc.CapDrop[0] == "ALL" && len(hc.CapAdd) == 0, "all capabilities dropped", hc.CapDrop)
+	check(len(hc.SecurityOpt) == 1 && hc.SecurityOpt[0] == "no-new-privileges:true", "no-new-privileges and no seccomp override", hc.SecurityOpt)
+	check(!hc.Privileged, "not privileged", hc.Privileged)
+	check(cc.User == "65534:65534", "a non-root user", cc.User)
+	check(hc.PidsLimit != nil && *hc.PidsLimit == 32, "pids limit", hc.PidsLimit)
+	check(hc.Memory == int64(128*moat.MiB) && hc.MemorySwap == hc.Memory, "memory with swap equal", []int64{hc.Memory, hc.MemorySwap})
+	check(hc.NanoCPUs == 1e9, "a CPU quota", hc.NanoCPUs)
+	check(len(hc.Binds) == 0 && len(hc.Mounts) == 0 && len(hc.VolumesFrom) == 0 && len(cc.Volumes) == 0, "no host mounts", hc.Binds)
+	check(hc.IpcMode == "private" && hc.PidMode == "" && hc.UTSMode == "" && hc.CgroupnsMode == "private", "private namespaces", hc.IpcMode)
+	check(hc.LogConfig.Type == "none", "no log driver", hc.LogConfig)
+	check(hc.Init != nil && !*hc.Init, "no docker-init from the host", hc.Init)
+	check(hc.Runtime == "runc-moat", "the fixed runtime", hc.Runtime)
+	check(!hc.AutoRemove, "removal by moat, after the exit state is read", hc.AutoRemove)
+	check(cc.Labels[LabelSandbox] == "1" && cc.Labels[LabelOwner] == "42", "labels", cc.Labels)
+	var total int64
+	for _, m := range []string{"/work", "/tmp", "/dev/shm"} {
+		opts, ok := hc.Tmpfs[m]
+		check(ok && strings.Contains(opts, "noexec") && strings.Contains(opts, "nosuid") && strings.Contains(opts, "nr_inodes="), m+" a noexec, nosuid, inode-limited tmpfs", opts)
+		for _, o := range strings.Split(opts, ",") {
+			if v, ok := strings.CutPrefix(o, "size="); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				total += n
+			}
+		}
+	}
+	check(total > 0 && total <= int64(64*moat.MiB), "tmpfs sizes add up to at most the disk limit", total)
+	check(hc.ShmSize > 0 && strings.Contains(hc.Tmpfs["/dev/shm"], "size="+strconv.FormatInt(hc.ShmSize, 10)), "/dev/shm sized", hc.ShmSize)
+	ul := map[string][2]int64{}
+	for _, u := range hc.Ulimits {
+		ul[u.Name] = [2]int64{u.Soft, u.Hard}
+	}
+	check(ul["nofile"] == [2]int64{100, 100}, "nofile", ul["nofile"])
+	check(ul["fsize"] == [2]int64{int64(8 * moat.MiB), int64(8 * moat.MiB)}, "fsize", ul["fsize"])
+	check(ul["core"] == [2]int64{0, 0}, "core", ul["core"])
+	check(ul["cpu"][0] == 10, "cpu", ul["cpu"])
+
+	// The CLI runs the same thing.
+	args := strings.Join(sp.cliArgs(), " ")
+	for _, want := range []string{"--network=none", "--read-only", "--cap-drop=ALL", "--security-opt=no-new-privileges:true",
+		"--pids-limit=32", "--memory-swap=134217728", "--runtime=runc-moat", "--log-driver=none", "--user=65534:65534",
+		"--tmpfs=/work:", "--ulimit=fsize=8388608:8388608", "--label=moat.owner=42", " img /bin/sh -c"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("the CLI arguments lack %q: %s", want, args)
+		}
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	for _, c := range []Config{
+		{User: "0:0"}, {User: "root"}, {User: "65534:x"}, {CPUs: 0.001},
+		{Python: "python3"}, {Python: "/usr/bin/python3; rm -rf /"},
+		{Limits: moat.Limits{Memory: 1}},
+	} {
+		if _, err := c.withDefaults(); !errors.Is(err, moat.ErrInvalid) {
+			t.Errorf("Config %+v: %v, want ErrInvalid", c, err)
+		}
+	}
+	c, err := Config{}.withDefaults()
+	if err != nil || c.User != "65534:65534" || c.CPUs != 1 || c.Warm != 1 || c.Python != "/usr/bin/python3" || !strings.HasPrefix(c.Image, "moat-sandbox:") {
+		t.Errorf("the zero Config: %+v, %v", c, err)
+	}
+	if c, _ := (Config{Warm: -1}).withDefaults(); c.Warm != 0 {
+		t.Errorf("Warm -1 gives %d, want none", c.Warm)
+	}
+}
+
+func TestOwnerGone(t *testing.T) {
+	boot, err := bootID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	me, err := ownerLabels()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ownerGone(me, boot, "running") {
+		t.Error("this live process is taken for gone")
+	}
+	reused := map[string]string{LabelOwner: me[LabelOwner], LabelOwnerStart: "1", LabelBoot: boot}
+	if !ownerGone(reused, boot, "running") {
+		t.Error("a pid with another start time (reused) is taken for the owner")
+	}
+	dead := map[string]string{LabelOwner: strconv.Itoa(1 << 30), LabelOwnerStart: "1", LabelBoot: boot}
+	if !ownerGone(dead, boot, "running") {
+		t.Error("a pid that does not exist is taken for alive")
+	}
+	elsewhere := map[string]string{LabelOwner: "1", LabelOwnerStart: "1", LabelBoot: "another-machine"}
+	if ownerGone(elsewhere, boot, "running") || !ownerGone(elsewhere, boot, "exited") {
+		t.Error("another machine's containers: running ones must stay, stopped ones go")
+	}
+	if st, err := procStart(os.Getpid()); err != nil || st == 0 {
+		t.Errorf("procStart(self) = %d, %v", st, err)
+	}
+}
