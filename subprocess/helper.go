@@ -38,7 +38,9 @@ const statusFD = 3
 func init() {
 	if len(os.Args) == 1 && os.Args[0] == helperArg0 {
 		runtime.LockOSThread() // never unlocked: restrictions are per thread
-		os.Exit(helperMain())
+		// syscall.Exit, not os.Exit: nothing to flush, and a binary built
+		// with -race would otherwise sleep a second at exit.
+		syscall.Exit(helperMain())
 	}
 }
 
@@ -141,6 +143,13 @@ func helperMain() int {
 	pid, err := startPython(sp, attr)
 	if err != nil {
 		return fail("start "+sp.Python, err)
+	}
+	// python3, forked above, keeps the default OOM score; the helper, which
+	// is in the run's memory cgroup too, steps out of the OOM killer's way
+	// so that it is the code that gets killed, not its reporter. If this
+	// fails, the run still ends as a memory result (see run.exec).
+	if os.Geteuid() == 0 {
+		os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0)
 	}
 	// Reap every process that ends up ours (as PID 1 of the namespace,
 	// orphans are reparented to us) until python3 itself has ended.

@@ -654,9 +654,25 @@ func (r *run) exec(ctx context.Context, arg []byte) (*moat.Result, error) {
 		Truncated: stdout.Truncated() || stderr.Truncated(),
 		Notes:     s.notes,
 	}
-	killedByUs := !reported && !cpuOver.Load()
-	if !reported && cpuOver.Load() {
-		st = helperStatus{signaled: true, signal: syscall.SIGKILL, cpuMS: time.Duration(lim.CPUTime).Milliseconds()}
+	var events cgroup.Events
+	if r.group != nil {
+		events = r.group.Events()
+	}
+	// Without a report, the helper was killed before python3 ended: by the
+	// CPU watch, by the wall timer or the caller's cancel, or by the
+	// kernel's OOM killer (the helper is in the run's memory cgroup).
+	killedByUs := false
+	if !reported {
+		switch {
+		case cpuOver.Load():
+			st = helperStatus{signaled: true, signal: syscall.SIGKILL, cpuMS: time.Duration(lim.CPUTime).Milliseconds()}
+		case runCtx.Err() != nil:
+			killedByUs = true
+		case events.OOMKill:
+			st = helperStatus{signaled: true, signal: syscall.SIGKILL}
+		default:
+			return nil, fmt.Errorf("subprocess: helper ended without a report: %v: %s: %w", waitErr, tail(stderr.Bytes(), 512), moat.ErrUnavailable)
+		}
 	}
 	switch {
 	case st.exited:
@@ -665,17 +681,10 @@ func (r *run) exec(ctx context.Context, arg []byte) (*moat.Result, error) {
 		res.ExitCode = 128 + int(st.signal)
 		res.Signal = unix.SignalName(st.signal)
 	default:
-		if !killedByUs || runCtx.Err() == nil {
-			return nil, fmt.Errorf("subprocess: helper ended without a report: %v: %s: %w", waitErr, tail(stderr.Bytes(), 512), moat.ErrUnavailable)
-		}
 		res.ExitCode = 128 + int(syscall.SIGKILL)
 		res.Signal = unix.SignalName(syscall.SIGKILL)
 	}
 
-	var events cgroup.Events
-	if r.group != nil {
-		events = r.group.Events()
-	}
 	cpuLimitMS := time.Duration(lim.CPUTime).Milliseconds()
 	switch {
 	case killedByUs && ctx.Err() != nil:
