@@ -194,13 +194,14 @@ func GuestMemoryMiB(l moat.Limits) int {
 	return (mib + 127) / 128 * 128
 }
 
-// kernelCmdline is the guest's command line. Under TCG the guest sometimes
-// fails to calibrate its TSC against the emulated PIT; giving it the
-// frequency avoids that.
-func kernelCmdline(a Accel) string {
+// kernelCmdline is the guest's command line. Under TCG the guest's TSC
+// ticks at the host's rate, tscKHz, which the guest is told: it sometimes
+// fails to calibrate it against the emulated PIT, and a wrong rate makes
+// its clock run fast or slow.
+func kernelCmdline(a Accel, tscKHz int64) string {
 	c := "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init random.trust_cpu=on"
 	if a == AccelTCG {
-		c += " tsc_early_khz=2000000 tsc=reliable"
+		c += fmt.Sprintf(" tsc_early_khz=%d tsc=reliable", tscKHz)
 	}
 	return c
 }
@@ -364,7 +365,7 @@ func prepare(ctx context.Context, cfg Config, log *slog.Logger) (*Sandbox, error
 		s.accel = "tcg (software emulation, chosen by the operator)"
 	default:
 		probeSpec := s.spec
-		probeSpec.Cmdline = kernelCmdline(AccelKVM)
+		probeSpec.Cmdline = kernelCmdline(AccelKVM, 0)
 		p := probeKVM(ctx, cfg.StateDir, s.vmm, probeSpec)
 		var gid uint32
 		if p.KVM {
@@ -388,7 +389,7 @@ func prepare(ctx context.Context, cfg Config, log *slog.Logger) (*Sandbox, error
 	if s.vmm.Credentials == nil {
 		s.vmm.Credentials = s.credentials(nil)
 	}
-	s.spec.Cmdline = kernelCmdline(s.spec.Accel)
+	s.spec.Cmdline = kernelCmdline(s.spec.Accel, hostTSCkHz(cfg.StateDir))
 	s.note = "accel: " + string(s.spec.Accel)
 	if s.spec.Accel == AccelTCG && cfg.Accel == "" {
 		s.note += " (software emulation: KVM cannot boot the guest here; moat doctor says why)"

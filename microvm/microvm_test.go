@@ -1,0 +1,225 @@
+package microvm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/sandboxtest"
+)
+
+// The VM tests share one template: every sandbox they build has limits whose
+// guest memory is the default's (see GuestMemoryMiB), so the first New boots
+// and saves it (or finds it in the state directory) and every other one
+// restores it.
+
+// requireVMs skips the test where QEMU or the guest kernel is missing,
+// except under CI=true, where it must fail instead.
+func requireVMs(t *testing.T) Config {
+	t.Helper()
+	cfg := Config{}.withDefaults()
+	var missing []string
+	if os.Geteuid() != 0 {
+		missing = append(missing, "not root")
+	}
+	if _, err := os.Stat(cfg.QEMU); err != nil {
+		missing = append(missing, "no "+cfg.QEMU)
+	}
+	if _, err := findKernel(cfg.StateDir, ""); err != nil {
+		missing = append(missing, err.Error())
+	}
+	if len(missing) > 0 {
+		msg := "the microvm level cannot run here (" + strings.Join(missing, "; ") + "); run scripts/setup-microvm.sh as root"
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	return Config{}
+}
+
+// open returns a sandbox of cfg with limits l, closed when t ends.
+func open(t *testing.T, cfg Config, l moat.Limits) *Sandbox {
+	t.Helper()
+	cfg.Limits = l
+	sb, err := New(cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { sb.Close() })
+	return sb
+}
+
+// leftovers lists this process's QEMU processes that are still there.
+func leftovers() []string {
+	var out []string
+	for _, p := range listVMs() {
+		if p.owner == os.Getpid() {
+			out = append(out, fmt.Sprintf("qemu pid %d", p.pid))
+		}
+	}
+	return out
+}
+
+// Parallel is 6, not 20: each VM under TCG emulates its CPU in a host
+// thread, and 20 of them on this machine's 2 cores take longer to start
+// python3 than the concurrency check's 30s wall time allows; six still
+// checks that concurrent runs share nothing.
+func TestConformance(t *testing.T) {
+	cfg := requireVMs(t)
+	sandboxtest.Run(t, func(t *testing.T, l moat.Limits) moat.Sandbox {
+		c := cfg
+		c.Limits = l
+		sb, err := New(c)
+		if err != nil {
+			t.Fatalf("New: %v", err)
+		}
+		return sb
+	}, sandboxtest.Options{Leftovers: leftovers, Parallel: 6, Dirs: []string{filepath.Join(cfg.withDefaults().StateDir, "microvm")}})
+}
+
+func run(t *testing.T, sb *Sandbox, code string) *moat.Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := sb.Run(ctx, moat.Request{Code: []byte(code)})
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if res.ExitCode != 0 {
+		t.Fatalf("exit %d, reason %q, stderr %s", res.ExitCode, res.Reason, res.Stderr)
+	}
+	return res
+}
+
+// The guest has no network device: its only interface is loopback.
+func TestNoNetworkDevice(t *testing.T) {
+	sb := open(t, requireVMs(t), moat.Limits{})
+	res := run(t, sb, `
+import json
+ifs = [l.split(':')[0].strip() for l in open('/proc/net/dev').read().splitlines()[2:]]
+print(json.dumps(ifs))
+`)
+	var ifs []string
+	if err := json.Unmarshal(res.Stdout, &ifs); err != nil {
+		t.Fatalf("the guest's interfaces do not parse: %v: %q", err, res.Stdout)
+	}
+	if len(ifs) != 1 || ifs[0] != "lo" {
+		t.Errorf("the guest's network interfaces are %q, want only lo", ifs)
+	}
+}
+
+// The code runs on the guest's kernel, not the host's.
+func TestGuestKernel(t *testing.T) {
+	cfg := requireVMs(t)
+	sb := open(t, cfg, moat.Limits{})
+	res := run(t, sb, "import os; print(os.uname().release); print(open('/proc/version').read().strip())")
+	lines := strings.SplitN(strings.TrimSpace(string(res.Stdout)), "\n", 2)
+	var uts unix.Utsname
+	unix.Uname(&uts)
+	host := unix.ByteSliceToString(uts.Release[:])
+	k, err := findKernel(cfg.withDefaults().StateDir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lines[0] == host {
+		t.Errorf("the code sees the host's kernel %q", host)
+	}
+	if lines[0] != k.Release {
+		t.Errorf("the code sees kernel %q, want the guest kernel %q", lines[0], k.Release)
+	}
+}
+
+// Each run starts as a restore of the template, with a clock set from the
+// host's and randomness of its own.
+func TestRestore(t *testing.T) {
+	sb := open(t, requireVMs(t), moat.Limits{})
+	if sb.tmpl == "" || sb.meta == nil {
+		t.Fatal("the sandbox has no template")
+	}
+	code := "import os, time; print(os.urandom(16).hex(), time.time())"
+	var seen []string
+	for i := 0; i < 2; i++ {
+		before := float64(time.Now().UnixNano()) / 1e9
+		res := run(t, sb, code)
+		after := float64(time.Now().UnixNano()) / 1e9
+		var rnd string
+		var now float64
+		if _, err := fmt.Sscanf(string(res.Stdout), "%s %g", &rnd, &now); err != nil {
+			t.Fatalf("output %q: %v", res.Stdout, err)
+		}
+		if now < before-1 || now > after+1 {
+			t.Errorf("the guest's clock says %f, the host's was between %f and %f", now, before, after)
+		}
+		if slices.Contains(seen, rnd) {
+			t.Errorf("two restores of one template drew the same random bytes %s", rnd)
+		}
+		seen = append(seen, rnd)
+		if !slices.ContainsFunc(res.Notes, func(n string) bool { return strings.HasPrefix(n, "vm: restored from template") }) {
+			t.Errorf("the notes %q do not say the VM was restored", res.Notes)
+		}
+	}
+}
+
+// The accelerator is reported, and RequireKVM refuses to fall back.
+func TestAccelReported(t *testing.T) {
+	cfg := requireVMs(t)
+	a := Check(cfg)
+	if !a.Available {
+		t.Fatalf("Check: unavailable: %s (%s)", a.Reason, a.Remedy)
+	}
+	sb := open(t, cfg, moat.Limits{})
+	accel := sb.Accel()
+	if accel != AccelKVM && accel != AccelTCG {
+		t.Fatalf("Accel() = %q", accel)
+	}
+	if !strings.HasPrefix(a.Reason, string(accel)+" ") {
+		t.Errorf("Check's reason %q does not name the accelerator %s first", a.Reason, accel)
+	}
+	res := run(t, sb, "print(1)")
+	if !slices.Contains(res.Notes, sb.note) || !strings.HasPrefix(sb.note, "accel: "+string(accel)) {
+		t.Errorf("the result's notes %q do not name the accelerator %s", res.Notes, accel)
+	}
+	req := cfg
+	req.RequireKVM = true
+	strict, err := New(req)
+	switch {
+	case accel == AccelTCG && (err == nil || !errors.Is(err, moat.ErrUnavailable)):
+		t.Errorf("New with RequireKVM where KVM cannot boot the guest: %v, want ErrUnavailable", err)
+	case accel == AccelKVM && err != nil:
+		t.Errorf("New with RequireKVM where KVM works: %v", err)
+	}
+	if strict != nil {
+		strict.Close()
+	}
+	if a := Check(req); accel == AccelTCG && a.Available {
+		t.Errorf("Check with RequireKVM where KVM cannot boot the guest says available: %s", a.Reason)
+	}
+}
+
+// A cold sandbox boots a fresh VM for the run.
+func TestCold(t *testing.T) {
+	cfg := requireVMs(t)
+	cfg.Cold = true
+	sb := open(t, cfg, moat.Limits{})
+	res := run(t, sb, "print(6 * 7)")
+	if string(res.Stdout) != "42\n" {
+		t.Errorf("stdout %q, want 42", res.Stdout)
+	}
+	if !slices.ContainsFunc(res.Notes, func(n string) bool { return strings.HasPrefix(n, "vm: cold boot") }) {
+		t.Errorf("the notes %q do not say the VM was booted cold", res.Notes)
+	}
+	if left := leftovers(); len(left) > 0 {
+		t.Errorf("VMs left after the run: %v", left)
+	}
+}
