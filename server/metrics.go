@@ -1,0 +1,61 @@
+package server
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the server's Prometheus collectors, on a registry of its own
+// so that several servers can live in one process.
+type metrics struct {
+	reg        *prometheus.Registry
+	runs       *prometheus.CounterVec
+	latency    *prometheus.HistogramVec
+	sessions   *prometheus.GaugeVec
+	queue      prometheus.Gauge
+	running    prometheus.Gauge
+	rejected   *prometheus.CounterVec
+	recovered  prometheus.Counter
+	sessionEnd *prometheus.CounterVec
+}
+
+func newMetrics() *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "moat_runs_total",
+			Help: "Runs finished, by level and reason (none: the code simply exited; error: the sandbox failed).",
+		}, []string{"level", "reason"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "moat_run_duration_seconds",
+			Help:    "End-to-end run latency as the server sees it, queueing excluded, by level.",
+			Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}, []string{"level"}),
+		sessions: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "moat_sessions_active",
+			Help: "Sessions alive, by level.",
+		}, []string{"level"}),
+		queue: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "moat_run_queue_depth",
+			Help: "Runs waiting for a slot.",
+		}),
+		running: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "moat_runs_in_progress",
+			Help: "Runs holding a slot.",
+		}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "moat_runs_rejected_total",
+			Help: "Runs refused for load: busy (queue full, 429) or queue_timeout (503).",
+		}, []string{"why"}),
+		recovered: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "moat_sessions_recovered_total",
+			Help: "Sessions found in the database at start, left by a server that did not shut down cleanly, and removed.",
+		}),
+		sessionEnd: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "moat_sessions_ended_total",
+			Help: "Sessions ended, by cause: deleted, expired, idle, shutdown.",
+		}, []string{"cause"}),
+	}
+	m.reg.MustRegister(m.runs, m.latency, m.sessions, m.queue, m.running, m.rejected, m.recovered, m.sessionEnd,
+		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	return m
+}

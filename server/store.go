@@ -1,0 +1,93 @@
+package server
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/moatsandbox/moat"
+)
+
+// record is what the database keeps of a session: enough to know, after a
+// crash, what existed and what to remove.
+type record struct {
+	ID          string        `json:"id"`
+	Owner       string        `json:"owner"` // the token's name
+	Level       moat.Level    `json:"level"`
+	Interpreter bool          `json:"interpreter"`
+	CreatedAt   time.Time     `json:"created_at"`
+	ExpiresAt   time.Time     `json:"expires_at"`
+	IdleTimeout moat.Duration `json:"idle_timeout"`
+	// Backend names the session inside its level (a directory, a
+	// container), when the level's session says (an ID() string method).
+	Backend string `json:"backend,omitempty"`
+	// PID is the server process that made it.
+	PID int `json:"pid"`
+}
+
+var sessionsBucket = []byte("sessions")
+
+// store keeps session records in a bbolt database. bbolt's file lock makes
+// sure that one server at a time uses a state directory.
+type store struct {
+	db *bolt.DB
+}
+
+func openStore(dir string) (*store, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("server: state dir: %w", err)
+	}
+	path := filepath.Join(dir, "server.db")
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("server: open %s (is another moat serve using this state dir?): %w", path, err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		_, err := tx.CreateBucketIfNotExists(sessionsBucket)
+		return err
+	})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("server: %w", err)
+	}
+	return &store{db: db}, nil
+}
+
+func (st *store) put(r record) error {
+	data, err := json.Marshal(r)
+	if err != nil {
+		return fmt.Errorf("server: %w", err)
+	}
+	return st.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(sessionsBucket).Put([]byte(r.ID), data)
+	})
+}
+
+func (st *store) delete(id string) error {
+	return st.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(sessionsBucket).Delete([]byte(id))
+	})
+}
+
+// all returns every record; unreadable ones come back with only their ID.
+func (st *store) all() ([]record, error) {
+	var out []record
+	err := st.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(sessionsBucket).ForEach(func(k, v []byte) error {
+			var r record
+			if err := json.Unmarshal(v, &r); err != nil {
+				r = record{}
+			}
+			r.ID = string(k)
+			out = append(out, r)
+			return nil
+		})
+	})
+	return out, err
+}
+
+func (st *store) close() error { return st.db.Close() }
