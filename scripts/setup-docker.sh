@@ -96,28 +96,58 @@ wait_for() { # wait_for WHAT CHECK
 	return 1
 }
 
+# alive PID: the process runs (a zombie does not).
+alive() {
+	local state
+	state=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) || return 1
+	[ -n "$state" ] && [ "$state" != Z ]
+}
+# stale_pid FILE: FILE exists and names no live process.
+stale_pid() {
+	local pid
+	[ -f "$1" ] || return 1
+	pid=$(tr -dc 0-9 <"$1")
+	[ -z "$pid" ] || ! alive "$pid"
+}
+running_dockerd() { # the pids of live dockerd processes
+	local p
+	for p in $(pidof dockerd || true); do
+		if alive "$p"; then echo "$p"; fi
+	done
+}
+
 if engine_up; then
 	say "dockerd already answers ($(docker info --format '{{.ServerVersion}}'))"
 	if ! has_runtime; then
-		pid=$(pidof dockerd || true)
+		pid=$(running_dockerd)
 		[ -n "$pid" ] || die "the engine answers but no local dockerd runs to reload; add runtime $RUNTIME_NAME=$RUNC to it by hand"
 		say "asking dockerd ($pid) to reload its configuration"
 		kill -HUP $pid
 		wait_for "the runtime" has_runtime || die "dockerd did not pick up runtime $RUNTIME_NAME; restart it"
 	fi
 else
-	if pidof dockerd >/dev/null; then
-		die "a dockerd runs (pid $(pidof dockerd)) but does not answer; see $LOG or stop it"
+	if [ -n "$(running_dockerd)" ]; then
+		die "a dockerd runs (pid $(running_dockerd)) but does not answer; see $LOG or stop it"
 	fi
+	# A dockerd or containerd killed without clean-up leaves its pid file,
+	# and a new dockerd refuses to start while it names a process.
+	for f in /var/run/docker.pid /var/run/docker/containerd/containerd.pid; do
+		if stale_pid "$f"; then
+			say "removing stale pid file $f"
+			rm -f "$f"
+		fi
+	done
 	# containerd is started by dockerd itself when none is running.
 	say "starting dockerd (no bridge, no iptables), log in $LOG"
 	setsid nohup dockerd --bridge=none --iptables=false --ip6tables=false \
 		</dev/null >>"$LOG" 2>&1 &
-	if ! wait_for "dockerd" engine_up; then
+	dpid=$!
+	up_or_dead() { engine_up || ! alive "$dpid"; }
+	if ! wait_for "dockerd" up_or_dead || ! engine_up; then
 		tail -20 "$LOG" >&2 || true
-		die "dockerd did not answer within ${DOCKERD_WAIT}s (log: $LOG)"
+		die "dockerd did not come up within ${DOCKERD_WAIT}s (log: $LOG)"
 	fi
-	say "dockerd $(docker info --format '{{.ServerVersion}}') is up (pid $(pidof dockerd))"
+	say "dockerd $(docker info --format '{{.ServerVersion}}') is up (pid $dpid)"
 fi
 has_runtime || die "dockerd does not know runtime $RUNTIME_NAME"
 
