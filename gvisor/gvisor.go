@@ -32,6 +32,15 @@
 //     happened; leftovers of a moat that died (containers, bundles, cgroups)
 //     are reaped by the next [New].
 //
+// Booting gVisor and starting Python take most of a run's time, so the
+// sandbox keeps Config.Prestart sandboxes booted ahead: each is a fresh
+// sandbox, made exactly as a run's own would be, in which Python has started
+// and waits for the code on stdin; a run takes one and is used once, and new
+// ones boot in the background after each run. Nothing passes from one run to
+// another: every run still gets a sandbox, cgroup and bundle of its own.
+// The wall time starts when Run is called; the CPU time that booting used is
+// not counted against the run.
+//
 // How each Reason is found, from outside the code: timeout, when moat's
 // wall timer or the cgroup's CPU account fires (moat kills the cgroup), or
 // the code dies of SIGXCPU; memory, from the cgroup's OOM kill counter;
@@ -44,30 +53,22 @@
 package gvisor
 
 import (
-	"bytes"
 	"context"
-	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
-	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/image"
-	"github.com/moatsandbox/moat/internal/capture"
 	"github.com/moatsandbox/moat/internal/cgroup"
 	"github.com/moatsandbox/moat/internal/owner"
 )
@@ -111,6 +112,14 @@ type Config struct {
 	// the one package image builds with its default Config (`moat image
 	// build`). It must hold /usr/bin/python3 and an empty /work.
 	RootFS string `json:"rootfs,omitempty"`
+	// Prestart is how many sandboxes are kept booted ahead of the runs
+	// that will use them. Each is a fresh sandbox with this Config's
+	// limits (runsc, the sentry, and Python waiting for the code on stdin)
+	// that serves exactly one run, so booting gVisor and starting Python
+	// happen off the run's path. They are started after a run, never by New,
+	// and Close kills those still waiting. Zero means 2; -1 means none, so
+	// that every run boots its own sandbox while it waits.
+	Prestart int `json:"prestart,omitempty"`
 	// Logger receives a line per run at debug level and set-up facts at
 	// info level. Nil means discard.
 	Logger *slog.Logger `json:"-"`
@@ -126,6 +135,9 @@ func (c Config) Validate() error {
 	default:
 		return fmt.Errorf("gvisor: unknown platform %q (systrap, ptrace or kvm): %w", c.Platform, moat.ErrInvalid)
 	}
+	if c.Prestart < -1 || c.Prestart > maxPrestart {
+		return fmt.Errorf("gvisor: prestart %d is not between -1 (none) and %d: %w", c.Prestart, maxPrestart, moat.ErrInvalid)
+	}
 	for name, p := range map[string]string{"runsc": c.Runsc, "state_dir": c.StateDir, "rootfs": c.RootFS} {
 		if p != "" && !filepath.IsAbs(p) {
 			return fmt.Errorf("gvisor: %s %q must be an absolute path: %w", name, p, moat.ErrInvalid)
@@ -133,6 +145,13 @@ func (c Config) Validate() error {
 	}
 	return nil
 }
+
+// DefaultPrestart is how many sandboxes a zero Config.Prestart keeps booted
+// ahead of their runs, and maxPrestart the most Config.Prestart may ask.
+const (
+	DefaultPrestart = 2
+	maxPrestart     = 16
+)
 
 // DefaultStateDir is where runsc's state and the bundles live when
 // Config.StateDir is empty.
@@ -162,9 +181,14 @@ type Sandbox struct {
 	notes []string
 	log   *slog.Logger
 
-	mu     sync.Mutex
-	closed bool
-	runs   sync.WaitGroup
+	prestart int // how many booted sandboxes to keep waiting
+
+	mu      sync.Mutex
+	closed  bool
+	runs    sync.WaitGroup
+	waiting []*booted      // booted ahead, oldest first; guarded by mu
+	booting int            // boots in progress for waiting; guarded by mu
+	bg      sync.WaitGroup // those boots
 }
 
 var _ moat.Sandbox = (*Sandbox)(nil)
@@ -247,7 +271,13 @@ func prepare(ctx context.Context, cfg Config) (*Sandbox, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Sandbox{cfg: cfg, limits: cfg.Limits.WithDefaults(), log: cfg.Logger}
+	s := &Sandbox{cfg: cfg, limits: cfg.Limits.WithDefaults(), log: cfg.Logger, prestart: cfg.Prestart}
+	switch s.prestart {
+	case 0:
+		s.prestart = DefaultPrestart
+	case -1:
+		s.prestart = 0
+	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -345,19 +375,29 @@ func (s *Sandbox) Platform() Platform { return s.platform }
 // Version returns runsc's version.
 func (s *Sandbox) Version() string { return s.info.Version }
 
-// Close makes later runs fail with moat.ErrClosed and waits for runs in
-// progress. It is safe to call more than once.
+// Close makes later runs fail with moat.ErrClosed, waits for runs in
+// progress, and kills the sandboxes booted ahead. It is safe to call more
+// than once.
 func (s *Sandbox) Close() error {
 	s.mu.Lock()
 	s.closed = true
 	s.mu.Unlock()
 	s.runs.Wait()
+	s.bg.Wait()
+	s.mu.Lock()
+	waiting := s.waiting
+	s.waiting = nil
+	s.mu.Unlock()
+	for _, b := range waiting {
+		b.discard()
+	}
 	return nil
 }
 
 // Run runs req.Code under python3 in a fresh gVisor sandbox; see
 // moat.Sandbox for the contract.
 func (s *Sandbox) Run(ctx context.Context, req moat.Request) (*moat.Result, error) {
+	start := time.Now()
 	if len(req.Code) == 0 {
 		return nil, fmt.Errorf("gvisor: empty code: %w", moat.ErrInvalid)
 	}
@@ -372,289 +412,61 @@ func (s *Sandbox) Run(ctx context.Context, req moat.Request) (*moat.Result, erro
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	r := &run{s: s, req: req, start: time.Now()}
-	defer r.cleanup()
-	res, err := r.do(ctx)
-	if err == nil {
-		s.log.Debug("gvisor: run", "id", r.id, "duration", res.Duration, "exit", res.ExitCode, "reason", res.Reason)
-	}
-	return res, err
-}
-
-// run is the state of one Run, released by cleanup.
-type run struct {
-	s      *Sandbox
-	req    moat.Request
-	id     string
-	start  time.Time
-	bundle string
-	group  *cgroup.Group
-	// started is set once runsc started: cleanup then makes sure its state
-	// is gone.
-	started bool
-}
-
-// hostPids is the host pids limit of a run's cgroup: a backstop against a
-// runaway sentry, not the task limit. The sentry, the gofer and runsc use a
-// few dozen host threads, and the systrap platform a host stub process per
-// address space of the code; gVisor's RLIMIT_NPROC holds the code's tasks
-// to Limits.Pids well before this.
-func hostPids(pids int) int64 { return int64(256 + 8*pids) }
-
-// joinScript moves the shell into the run's cgroups (its arguments: how
-// many files, the files, then the command) and execs runsc, so that runsc
-// and everything it starts are in the cgroups from their first instruction.
-const joinScript = `n=$1; shift
-while [ "$n" -gt 0 ]; do echo $$ >"$1" || exit 125; shift; n=$((n-1)); done
-exec "$@"`
-
-func (r *run) do(ctx context.Context) (*moat.Result, error) {
-	s, lim := r.s, r.s.limits
-	var rnd [8]byte
-	rand.Read(rnd[:])
-	r.id = s.owner + "-" + hex.EncodeToString(rnd[:])
-
-	// The bundle: config.json and where runsc writes its logs. The sentry's
-	// log goes to a pipe (its "file" is a link to the fd runsc inherits), the
-	// gofer's nowhere, runsc's own to a small file read after the run.
-	r.bundle = filepath.Join(s.bundles, r.id)
-	if err := os.Mkdir(r.bundle, 0o700); err != nil {
-		return nil, fmt.Errorf("gvisor: %w", err)
-	}
-	spec, err := json.Marshal(newSpec(s.rootfs, image.Python, lim))
+	b, err := s.take()
 	if err != nil {
-		return nil, fmt.Errorf("gvisor: %w", err)
+		return nil, err
 	}
-	if err := os.WriteFile(filepath.Join(r.bundle, "config.json"), spec, 0o600); err != nil {
-		return nil, fmt.Errorf("gvisor: %w", err)
-	}
-	for name, target := range map[string]string{"log-boot": "/proc/self/fd/3", "log-gofer": "/dev/null"} {
-		if err := os.Symlink(target, filepath.Join(r.bundle, name)); err != nil {
-			return nil, fmt.Errorf("gvisor: %w", err)
+	// The next runs' sandboxes boot while this one runs.
+	defer s.refill()
+	return b.use(ctx, req, start)
+}
+
+// take returns a sandbox booted ahead that is still alive, or boots one.
+func (s *Sandbox) take() (*booted, error) {
+	for {
+		s.mu.Lock()
+		if len(s.waiting) == 0 {
+			s.mu.Unlock()
+			return s.boot()
 		}
-	}
-
-	group, err := s.cg.New(r.id, cgroup.Limits{Memory: int64(lim.Memory), Pids: hostPids(lim.Pids)})
-	if err != nil {
-		return nil, unavailable("cannot create the run's cgroup", "", err)
-	}
-	r.group = group
-	return r.exec(ctx)
-}
-
-// runscArgs is runsc's command line for the run.
-func (r *run) runscArgs() []string {
-	s := r.s
-	return []string{
-		"--root=" + s.runscRoot,
-		"--platform=" + string(s.platform),
-		"--network=none",
-		"--host-uds=none",
-		"--overlay2=none",
-		// moat's cgroup holds runsc and everything it starts.
-		"--ignore-cgroups",
-		"--strace",
-		"--strace-syscalls=" + strings.Join(straceSyscalls, ","),
-		"--strace-log-size=8",
-		"--debug-log=" + filepath.Join(r.bundle, "log-%COMMAND%"),
-		"run", "--bundle=" + r.bundle, r.id,
-	}
-}
-
-// exec starts runsc in the run's cgroup and waits for the run to end.
-func (r *run) exec(ctx context.Context) (*moat.Result, error) {
-	s, lim := r.s, r.s.limits
-	logR, logW, err := os.Pipe()
-	if err != nil {
-		return nil, fmt.Errorf("gvisor: %w", err)
-	}
-	defer logR.Close()
-
-	runCtx, cancel := context.WithTimeout(ctx, time.Duration(lim.WallTime))
-	defer cancel()
-	stdout := capture.New(int64(lim.Output), r.req.Stdout)
-	stderr := capture.New(int64(lim.Output), r.req.Stderr)
-	join := r.group.JoinFiles()
-	args := append([]string{"-c", joinScript, "moat-gvisor", strconv.Itoa(len(join))}, join...)
-	args = append(args, s.runsc)
-	args = append(args, r.runscArgs()...)
-	cmd := exec.CommandContext(runCtx, "/bin/sh", args...)
-	cmd.Env = []string{} // nothing of moat's environment
-	cmd.Dir = "/"
-	cmd.Stdin = bytes.NewReader(r.req.Code)
-	cmd.Stdout, cmd.Stderr = stdout, stderr
-	cmd.ExtraFiles = []*os.File{logW}
-	cmd.WaitDelay = time.Second
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	var killed atomic.Bool
-	// Killing the cgroup kills runsc, the sentry and the gofer: the whole
-	// sandbox, whatever state it is in.
-	cmd.Cancel = func() error {
-		killed.Store(true)
-		return r.group.Kill()
-	}
-
-	events := &sentryEvents{}
-	logDone := make(chan struct{})
-	err = cmd.Start()
-	logW.Close()
-	if err != nil {
-		return nil, unavailable("cannot start runsc", "", err)
-	}
-	r.started = true
-	go func() {
-		defer close(logDone)
-		events.read(logR)
-	}()
-	var cpuOver atomic.Bool
-	stop := r.watchCPU(time.Duration(lim.CPUTime), &cpuOver)
-	waitErr := cmd.Wait()
-	stop()
-	end := time.Now()
-	// Whatever runsc left running dies now; then the log's writers are gone.
-	if err := r.group.Kill(); err != nil {
-		return nil, fmt.Errorf("gvisor: %w", err)
-	}
-	select {
-	case <-logDone:
-	case <-time.After(5 * time.Second):
-		return nil, fmt.Errorf("gvisor: the sentry's log did not close after the run ended: %w", moat.ErrUnavailable)
-	}
-	ev := events.snapshot()
-	runLogBytes, _ := os.ReadFile(filepath.Join(r.bundle, "log-run"))
-	rl := parseRunLog(runLogBytes)
-	cgEv := r.group.Events()
-	byUs := killed.Load() || cpuOver.Load()
-
-	if !byUs && !cgEv.OOMKill {
-		switch {
-		case rl.fatal != "":
-			return nil, fmt.Errorf("gvisor: runsc failed, nothing ran: %s: %w", rl.fatal, moat.ErrUnavailable)
-		case ev.panicked:
-			return nil, fmt.Errorf("gvisor: the sentry panicked: %s: %w", strings.Join(ev.last, " | "), moat.ErrUnavailable)
-		case !rl.exited:
-			return nil, fmt.Errorf("gvisor: runsc ended (%v) without the container's status: %s %s: %w",
-				waitErr, strings.Join(rl.warnings, " | "), clip(stderr.Bytes(), 300), moat.ErrUnavailable)
+		b := s.waiting[0]
+		s.waiting = s.waiting[1:]
+		s.mu.Unlock()
+		if b.alive() {
+			return b, nil
 		}
+		// It died while it waited (killed from outside, out of memory):
+		// it proves nothing about the next one.
+		s.log.Warn("gvisor: a sandbox booted ahead died before its run", "id", b.id, "err", b.waitErr)
+		b.discard()
 	}
-
-	res := &moat.Result{
-		Level:     moat.LevelGVisor,
-		Stdout:    stdout.Bytes(),
-		Stderr:    stderr.Bytes(),
-		Truncated: stdout.Truncated() || stderr.Truncated(),
-		Notes:     s.notes,
-		Duration:  end.Sub(r.start),
-	}
-	var sig syscall.Signal
-	switch {
-	case byUs || (!rl.exited && cgEv.OOMKill):
-		sig = syscall.SIGKILL
-	case rl.status.Signaled():
-		sig = rl.status.Signal()
-	default:
-		res.ExitCode = rl.status.ExitStatus()
-	}
-	if sig != 0 {
-		res.ExitCode = 128 + int(sig)
-		res.Signal = unix.SignalName(sig)
-	}
-	switch {
-	case killed.Load() && ctx.Err() != nil:
-		res.Reason = moat.ReasonCanceled
-	case byUs || sig == syscall.SIGXCPU:
-		res.Reason = moat.ReasonTimeout
-	case cgEv.OOMKill:
-		res.Reason = moat.ReasonMemory
-	case ev.pids:
-		res.Reason = moat.ReasonPids
-	case ev.fileSize:
-		res.Reason = moat.ReasonFileSize
-	case ev.disk:
-		res.Reason = moat.ReasonDisk
-	case res.Truncated:
-		res.Reason = moat.ReasonOutput
-	case sig != 0:
-		res.Reason = moat.ReasonSignal
-	}
-	return res, nil
 }
 
-// watchCPU kills the run's cgroup once it has used limit of CPU time, and
-// sets over. The returned function stops watching.
-func (r *run) watchCPU(limit time.Duration, over *atomic.Bool) (stop func()) {
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		tick := time.NewTicker(cpuPoll)
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-tick.C:
+// refill boots sandboxes in the background until Prestart of them wait or
+// the sandbox is closed.
+func (s *Sandbox) refill() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for !s.closed && len(s.waiting)+s.booting < s.prestart {
+		s.booting++
+		s.bg.Go(func() {
+			b, err := s.boot()
+			s.mu.Lock()
+			s.booting--
+			keep := err == nil && !s.closed
+			if keep {
+				s.waiting = append(s.waiting, b)
 			}
-			used, err := r.group.CPUUsage()
-			if err != nil || used >= limit {
-				over.Store(true)
-				r.group.Kill()
-				return
+			s.mu.Unlock()
+			switch {
+			case err != nil:
+				s.log.Warn("gvisor: booting a sandbox ahead", "err", err)
+			case !keep:
+				// Closed meanwhile: Close waits for this goroutine.
+				b.discard()
 			}
-		}
-	})
-	return func() { close(done); wg.Wait() }
-}
-
-// cpuPoll is how often a run's CPU account is read. A run overshoots its
-// CPU limit by at most this times the number of CPUs.
-const cpuPoll = 100 * time.Millisecond
-
-// cleanup releases everything of the run. Errors are logged: the result is
-// already decided, and what fails here is reaped by the next New.
-func (r *run) cleanup() {
-	s := r.s
-	if r.group != nil {
-		if err := r.group.Kill(); err != nil {
-			s.log.Warn("gvisor: cleanup", "id", r.id, "err", err)
-		}
+		})
 	}
-	if r.started {
-		// runsc removes its state when it ends by itself; when it was
-		// killed, its files (all named after the run's id) are still
-		// there, and nothing of the sandbox runs any more to need them.
-		if err := removeState(s.runscRoot, r.id); err != nil {
-			s.log.Warn("gvisor: cleanup", "id", r.id, "err", err)
-		}
-	}
-	if r.group != nil {
-		if err := r.group.Remove(); err != nil {
-			s.log.Warn("gvisor: cleanup", "id", r.id, "err", err)
-		}
-	}
-	if r.bundle != "" {
-		if err := os.RemoveAll(r.bundle); err != nil {
-			s.log.Warn("gvisor: cleanup", "id", r.id, "err", err)
-		}
-	}
-}
-
-// removeState removes the files runsc keeps under root for container id
-// (its state, lock and control socket carry the id in their names). The ids
-// are random, so no other container's file matches.
-func removeState(root, id string) error {
-	entries, err := os.ReadDir(root)
-	if err != nil {
-		return fmt.Errorf("gvisor: %w", err)
-	}
-	var errs []error
-	for _, e := range entries {
-		if strings.Contains(e.Name(), id) {
-			if err := os.RemoveAll(filepath.Join(root, e.Name())); err != nil {
-				errs = append(errs, err)
-			}
-		}
-	}
-	return errors.Join(errs...)
 }
 
 // reap removes what moat processes that are no longer alive left behind:
