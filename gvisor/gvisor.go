@@ -66,7 +66,6 @@ import (
 	"sync"
 	"time"
 
-
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/image"
 	"github.com/moatsandbox/moat/internal/cgroup"
