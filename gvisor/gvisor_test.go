@@ -9,8 +9,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -281,6 +283,21 @@ func TestSystrap(t *testing.T) {
 // processes whose runsc root is under stateDir.
 func sentryCmdlines(stateDir string) []string {
 	var out []string
+	for _, p := range sentries(stateDir) {
+		out = append(out, p.cmdline)
+	}
+	return out
+}
+
+type sentry struct {
+	pid     int
+	cmdline string
+}
+
+// sentries returns the host's runsc sandbox processes whose runsc root is
+// under stateDir.
+func sentries(stateDir string) []sentry {
+	var out []sentry
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		if _, err := strconv.Atoi(e.Name()); err != nil {
@@ -293,7 +310,8 @@ func sentryCmdlines(stateDir string) []string {
 		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
 		if len(args) > 0 && args[0] == "runsc-sandbox" && strings.Contains(string(b), "boot") &&
 			strings.Contains(string(b), "--root="+stateDir) {
-			out = append(out, strings.Join(args, " "))
+			pid, _ := strconv.Atoi(e.Name())
+			out = append(out, sentry{pid, strings.Join(args, " ")})
 		}
 	}
 	return out
@@ -480,4 +498,86 @@ func helperMain() {
 	b, _ := json.Marshal(res)
 	fmt.Println("helper: run ended:", string(b), err)
 	os.Exit(1)
+}
+
+// TestPrestart checks the sandboxes booted ahead: they wait after a run,
+// one that died while it waited is replaced by a fresh boot, Close kills
+// those that wait, and Prestart -1 boots none.
+func TestPrestart(t *testing.T) {
+	cfg := gvisor.Config{StateDir: t.TempDir(), Prestart: 1}
+	need(t, cfg)
+	sb := newSandbox(t, cfg)
+	if res := run(t, sb, "print(1)"); string(res.Stdout) != "1\n" {
+		t.Fatalf("first run printed %q, stderr %q", res.Stdout, res.Stderr)
+	}
+	waiting := eventually(t, func() []sentry { return sentries(cfg.StateDir) }, 1)
+	if len(waiting) != 1 {
+		t.Fatalf("after a run with Prestart 1, %d sandboxes wait, want 1", len(waiting))
+	}
+	// Killed from outside while it waits (booted by now): once runsc has
+	// noticed, the next run must not use it.
+	time.Sleep(time.Second)
+	if n := len(runscRuns(cfg.StateDir)); n != 1 {
+		t.Fatalf("%d runsc processes run for the waiting sandbox, want 1", n)
+	}
+	if err := syscall.Kill(waiting[0].pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if left := eventually(t, func() []int { return runscRuns(cfg.StateDir) }, 0); len(left) > 0 {
+		t.Fatalf("runsc %v still runs after its sandbox was killed", left)
+	}
+	if res := run(t, sb, "print(2)"); string(res.Stdout) != "2\n" || res.ExitCode != 0 {
+		t.Errorf("the run after the waiting sandbox died printed %q, exit %d, stderr %q", res.Stdout, res.ExitCode, res.Stderr)
+	}
+	if err := sb.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if left := sentries(cfg.StateDir); len(left) > 0 {
+		t.Errorf("sandboxes still run after Close: %v", left)
+	}
+	if left := leftovers(cfg.StateDir, self(t)); len(left) > 0 {
+		t.Errorf("after Close, left on the host:\n\t%s", strings.Join(left, "\n\t"))
+	}
+
+	cold := gvisor.Config{StateDir: t.TempDir(), Prestart: -1}
+	sb = newSandbox(t, cold)
+	defer sb.Close()
+	run(t, sb, "print(1)")
+	time.Sleep(200 * time.Millisecond)
+	if n := len(sentries(cold.StateDir)); n > 0 {
+		t.Errorf("with Prestart -1, %d sandboxes run after the run ended, want none", n)
+	}
+}
+
+// runscRuns returns the pids of the host's "runsc run" processes whose
+// runsc root is under stateDir.
+func runscRuns(stateDir string) []int {
+	var out []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if len(args) > 1 && strings.HasSuffix(args[0], "runsc") && slices.Contains(args, "run") && slices.Contains(args, "--root="+filepath.Join(stateDir, "runsc")) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// eventually calls f until it returns want items or a few seconds pass, and
+// returns its last answer.
+func eventually[T any](t *testing.T, f func() []T, want int) []T {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := f()
+		if len(got) == want || time.Now().After(deadline) {
+			return got
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
