@@ -39,9 +39,11 @@
 //
 // How each reason is found, from the host side: timeout, when moat's wall
 // timer or the cgroup's CPU usage fires (moat kills the container), or the
-// code dies of SIGXCPU; memory, from Docker's OOMKilled; pids, from the pids
-// cgroup's event counter; filesize and disk, from the run's tmpfs mounts,
-// which moat holds open while the run ends (see watch).
+// code dies of SIGXCPU; memory, from Docker's OOMKilled; pids, from the
+// kernel's log of the first refused fork in the container's cgroup (see
+// kmsg.go; it needs root) and the pids cgroup's event counter; filesize and
+// disk, from the run's tmpfs mounts, which moat holds open while the run ends
+// (see watch).
 package container
 
 import (
@@ -152,6 +154,7 @@ func (c Config) withDefaults() (Config, error) {
 // use; see moat.Sandbox for the contract.
 type Sandbox struct {
 	cli   *client.Client
+	kmsg  *kmsgReader // nil when the kernel log cannot be read
 	spec  *spec
 	log   *slog.Logger
 	notes []string
@@ -225,6 +228,7 @@ func New(cfg Config) (*Sandbox, error) {
 	ok = true
 	s := &Sandbox{
 		cli:      cli,
+		kmsg:     kernelLog(),
 		spec:     newSpec(cfg, eng.runtime, owner),
 		log:      cfg.Logger,
 		notes:    notes,
@@ -438,6 +442,7 @@ func (s *Sandbox) run(ctx context.Context, p *prepared, req moat.Request) (*moat
 		res.Signal = unix.SignalName(sig)
 	}
 	oom := ins.State != nil && ins.State.OOMKilled
+	forkRefused := s.kmsg.forkRefused(id)
 	switch {
 	case k == moat.ReasonCanceled:
 		res.Reason = moat.ReasonCanceled
@@ -447,7 +452,7 @@ func (s *Sandbox) run(ctx context.Context, p *prepared, req moat.Request) (*moat
 		res.Reason = moat.ReasonTimeout
 	case oom:
 		res.Reason = moat.ReasonMemory
-	case w != nil && w.pidsHit.Load():
+	case forkRefused || w != nil && w.pidsHit.Load():
 		res.Reason = moat.ReasonPids
 	case w != nil && w.fileAtLimit(int64(lim.FileSize)):
 		res.Reason = moat.ReasonFileSize

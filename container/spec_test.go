@@ -5,6 +5,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/moatsandbox/moat"
@@ -138,5 +139,35 @@ func TestOwnerGone(t *testing.T) {
 	}
 	if st, err := procStart(os.Getpid()); err != nil || st == 0 {
 		t.Errorf("procStart(self) = %d, %v", st, err)
+	}
+}
+
+func TestKernelLogParsing(t *testing.T) {
+	var p [2]int
+	if err := syscall.Pipe2(p[:], syscall.O_NONBLOCK|syscall.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(p[1])
+	k := &kmsgReader{fd: p[0], refused: map[string]bool{}}
+	defer syscall.Close(p[0])
+	id := strings.Repeat("ab", 32)
+	syscall.Write(p[1], []byte("6,1234,5678,-;cgroup: fork rejected by pids controller in /docker/"+id+"\n SUBSYSTEM=cgroup\n"+
+		"6,1235,5679,-;cgroup: fork rejected by pids controller in /system.slice/docker-"+strings.Repeat("cd", 32)+".scope\n"+
+		"6,1236,5680,-;something else about /docker/"+strings.Repeat("ef", 32)+"\n"))
+	if !k.forkRefused(id) {
+		t.Error("a logged refusal under /docker/ID is not seen")
+	}
+	if k.forkRefused(id) {
+		t.Error("a refusal is reported twice")
+	}
+	if !k.forkRefused(strings.Repeat("cd", 32)) {
+		t.Error("a logged refusal under systemd's docker-ID.scope is not seen")
+	}
+	if k.forkRefused(strings.Repeat("ef", 32)) {
+		t.Error("another message is taken for a refusal")
+	}
+	var nilReader *kmsgReader
+	if nilReader.forkRefused(id) {
+		t.Error("a nil reader (no /dev/kmsg) reports a refusal")
 	}
 }
