@@ -335,17 +335,6 @@ func (s *Sandbox) run(ctx context.Context, p *prepared, req moat.Request) (*moat
 		return s.setupFailed(ctx, "start", err)
 	}
 
-	// The code goes in on stdin; its end closes stdin.
-	go func() {
-		hj.Conn.Write(req.Code)
-		hj.CloseWrite()
-	}()
-	outDone := make(chan error, 1)
-	go func() {
-		_, err := stdcopy.StdCopy(stdout, stderr, hj.Reader)
-		outDone <- err
-	}()
-
 	var (
 		killOnce sync.Once
 		killedBy moat.Reason
@@ -364,17 +353,25 @@ func (s *Sandbox) run(ctx context.Context, p *prepared, req moat.Request) (*moat
 		})
 	}
 
-	// Watch from the host: the init's pid, then its cgroups and mounts.
-	watchC := make(chan *watch, 1)
-	var watchErr error
+	// Watch from the host before the code can run: Python runs nothing
+	// until it has read all of stdin, which is written only once the watch
+	// holds the run's cgroups and mounts.
+	w, watchErr := s.startWatch(rctx, id, func() { kill(moat.ReasonTimeout) })
+	if watchErr != nil {
+		s.log.Debug("container: watch", "id", shortID(id), "err", watchErr)
+	} else {
+		defer w.close()
+	}
+
+	// The code goes in on stdin; its end closes stdin.
 	go func() {
-		// The watch calls back from its own goroutine, which stop waits for.
-		w, err := s.startWatch(rctx, id, func() { kill(moat.ReasonTimeout) })
-		if err != nil {
-			s.log.Debug("container: watch", "id", shortID(id), "err", err)
-		}
-		watchErr = err
-		watchC <- w
+		hj.Conn.Write(req.Code)
+		hj.CloseWrite()
+	}()
+	outDone := make(chan error, 1)
+	go func() {
+		_, err := stdcopy.StdCopy(stdout, stderr, hj.Reader)
+		outDone <- err
 	}()
 
 	wall := time.NewTimer(time.Duration(lim.WallTime))
@@ -409,10 +406,8 @@ func (s *Sandbox) run(ctx context.Context, p *prepared, req moat.Request) (*moat
 		hj.Close()
 		<-outDone
 	}
-	w := <-watchC
 	if w != nil {
 		w.stop()
-		defer w.close()
 	}
 
 	ictx, icancel := context.WithTimeout(context.Background(), removeTimeout)
@@ -479,20 +474,25 @@ func (s *Sandbox) setupFailed(ctx context.Context, step string, err error) (*moa
 	return nil, fmt.Errorf("container: %s: %w", step, err)
 }
 
-// startWatch finds the container's init and starts watching it.
+// startWatch finds the container's init, from its cgroup or else from the
+// engine, and starts watching it.
 func (s *Sandbox) startWatch(ctx context.Context, id string, onCPU func()) (*watch, error) {
-	ins, err := s.cli.ContainerInspect(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	if ins.State == nil || ins.State.Pid == 0 {
-		return nil, errors.New("container: the run ended before it could be watched")
+	pid := findInit(id)
+	if pid == 0 {
+		ins, err := s.cli.ContainerInspect(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		if ins.State == nil || ins.State.Pid == 0 {
+			return nil, errors.New("container: the run ended before it could be watched")
+		}
+		pid = ins.State.Pid
 	}
 	paths := make([]string, len(s.spec.mounts))
 	for i, m := range s.spec.mounts {
 		paths[i] = m.path
 	}
-	return startWatch(ins.State.Pid, paths, time.Duration(s.spec.limits.CPUTime), onCPU)
+	return startWatch(id, pid, paths, time.Duration(s.spec.limits.CPUTime), onCPU)
 }
 
 // remove removes the container, killing it first if it still runs.

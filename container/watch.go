@@ -60,7 +60,7 @@ const pollEvery = 50 * time.Millisecond
 // startWatch opens what the watch needs of the container whose init is
 // pid and starts polling. Paths are the tmpfs mount points inside the
 // container. A missing piece is an error: the run must not go on unwatched.
-func startWatch(pid int, paths []string, cpuLimit time.Duration, onCPU func()) (*watch, error) {
+func startWatch(id string, pid int, paths []string, cpuLimit time.Duration, onCPU func()) (*watch, error) {
 	w := &watch{pidfd: -1, cpuLimit: cpuLimit, onCPU: onCPU, done: make(chan struct{})}
 	fail := func(err error) (*watch, error) {
 		w.close()
@@ -86,6 +86,11 @@ func startWatch(pid int, paths []string, cpuLimit time.Duration, onCPU func()) (
 	cg, err := cgroupPaths(pid)
 	if err != nil {
 		return fail(err)
+	}
+	// The pidfd is open: pid cannot be reused from here on. Make sure it
+	// was the container's to begin with.
+	if !strings.Contains(cg.pidsEvents, id) {
+		return fail(fmt.Errorf("container: pid %d is not in the container's cgroup (%s)", pid, cg.pidsEvents))
 	}
 	if w.pidsEvents, err = os.Open(cg.pidsEvents); err != nil {
 		return fail(fmt.Errorf("container: open the run's pids events: %w", err))
@@ -287,9 +292,64 @@ func cgroupPaths(pid int) (cgroupFiles, error) {
 	return cgroupFiles{}, fmt.Errorf("container: no pids and CPU accounting cgroups for the run (pid %d)", pid)
 }
 
+var (
+	cgMountsOnce sync.Once
+	cgMounts     map[string]string
+	cgMountsErr  error
+)
+
 // cgroupMounts maps each v1 controller to its mount point, and "" to the
-// cgroup v2 mount point, from this process's mountinfo.
+// cgroup v2 mount point, from this process's mountinfo; read once.
 func cgroupMounts() (map[string]string, error) {
+	cgMountsOnce.Do(func() { cgMounts, cgMountsErr = readCgroupMounts() })
+	return cgMounts, cgMountsErr
+}
+
+// findInit returns the host pid of the init of container id, found in the
+// cgroup where Docker's cgroupfs driver (/docker/ID) or systemd driver
+// (/system.slice/docker-ID.scope) puts it, or 0. It saves the engine a
+// round trip at the start of every run.
+func findInit(id string) int {
+	m, err := cgroupMounts()
+	if err != nil {
+		return 0
+	}
+	for _, root := range []string{m["pids"], m[""]} {
+		if root == "" {
+			continue
+		}
+		for _, dir := range []string{filepath.Join(root, "docker", id), filepath.Join(root, "system.slice", "docker-"+id+".scope")} {
+			b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+			if err != nil {
+				continue
+			}
+			for _, f := range strings.Fields(string(b)) {
+				if pid, err := strconv.Atoi(f); err == nil && isNamespaceInit(pid) {
+					return pid
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// isNamespaceInit reports whether pid is PID 1 of its innermost PID
+// namespace.
+func isNamespaceInit(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			f := strings.Fields(v)
+			return len(f) > 1 && f[len(f)-1] == "1"
+		}
+	}
+	return false
+}
+
+func readCgroupMounts() (map[string]string, error) {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return nil, fmt.Errorf("container: %w", err)
