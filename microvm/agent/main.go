@@ -11,10 +11,9 @@
 //
 // After the restore, moat sends one Run: the agent sets the clock, reseeds
 // the kernel's random generator, sizes the writable layer to the disk limit,
-// sets the cgroup's memory and process limits and starts python3 through a
-// re-executed stage of itself ("moat-exec") that sets rlimits and
-// no_new_privs, enters the root filesystem with chroot and drops to an
-// unprivileged uid. It streams stdout and stderr to the host, enforces the
+// sets the cgroup's memory and process limits and starts python3 in that
+// cgroup, chrooted into the root filesystem, as an unprivileged uid, with
+// the run's rlimits. It streams stdout and stderr to the host, enforces the
 // wall and CPU time, and reports how the code ended. The VM serves one run
 // and is thrown away.
 package main
@@ -30,6 +29,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -55,7 +55,6 @@ const (
 	python    = "/usr/bin/python3"
 	runUID    = 1000
 	runGID    = 1000
-	execStage = "moat-exec"
 )
 
 // consoleLog writes a line to the kernel console, for whoever reads the
@@ -65,9 +64,6 @@ func consoleLog(format string, args ...any) {
 }
 
 func main() {
-	if len(os.Args) == 3 && os.Args[1] == execStage {
-		execPython(os.Args[2]) // does not return
-	}
 	if os.Getpid() != 1 {
 		fmt.Fprintln(os.Stderr, "moat guest agent: must run as PID 1 of a moat VM")
 		os.Exit(2)
@@ -180,11 +176,13 @@ func (a *agent) boot() error {
 		return err
 	}
 	// Read python3 and its standard library once, so that the page cache
-	// saved with the template holds them.
-	warm := exec.Command("/init", execStage, `{"args":["python3","-c","import encodings, io, os, sys, json, re"]}`)
-	warm.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + workDir, "LANG=C.UTF-8"}
-	if out, err := warm.CombinedOutput(); err != nil {
-		return fmt.Errorf("python3 does not start: %w: %s", err, out)
+	// saved with the template holds them. A VM booted for one run only
+	// (moat.nowarm) skips it: the run reads them anyway.
+	if cmdline, _ := os.ReadFile("/proc/cmdline"); !slices.Contains(strings.Fields(string(cmdline)), "moat.nowarm") {
+		warm := pythonCmd("-c", "import encodings, io, os, sys, json, re")
+		if out, err := warm.CombinedOutput(); err != nil {
+			return fmt.Errorf("python3 does not start: %w: %s", err, out)
+		}
 	}
 	port, err := findPort(portName, 10*time.Second)
 	if err != nil {
@@ -381,12 +379,6 @@ func refresh(r *wire.Run) error {
 	return nil
 }
 
-// execSpec is what the exec stage applies before it becomes python3.
-type execSpec struct {
-	Rlimits [][3]uint64 `json:"rlimits"` // resource, soft, hard
-	Args    []string    `json:"args"`
-}
-
 func (a *agent) run(r *wire.Run) (*wire.Exit, error) {
 	if err := refresh(r); err != nil {
 		return nil, err
@@ -419,16 +411,6 @@ func (a *agent) run(r *wire.Run) (*wire.Exit, error) {
 		return nil, err
 	}
 	defer cg.Close()
-	cpuSec := uint64((r.CPUMS + 999) / 1000)
-	spec, _ := json.Marshal(execSpec{
-		Rlimits: [][3]uint64{
-			{unix.RLIMIT_CPU, cpuSec, cpuSec + 1},
-			{unix.RLIMIT_FSIZE, uint64(r.FileSize), uint64(r.FileSize)},
-			{unix.RLIMIT_NOFILE, uint64(r.OpenFiles), uint64(r.OpenFiles)},
-			{unix.RLIMIT_CORE, 0, 0},
-		},
-		Args: []string{"python3", codePath},
-	})
 	outR, outW, err := os.Pipe()
 	if err != nil {
 		return nil, err
@@ -441,21 +423,20 @@ func (a *agent) run(r *wire.Run) (*wire.Exit, error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd := &exec.Cmd{
-		Path:   "/init",
-		Args:   []string{"/init", execStage, string(spec)},
-		Env:    []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + workDir, "LANG=C.UTF-8"},
-		Stdin:  devNull,
-		Stdout: outW,
-		Stderr: errW,
-		SysProcAttr: &syscall.SysProcAttr{
-			Setsid:      true,
-			UseCgroupFD: true,
-			CgroupFD:    int(cg.Fd()),
-		},
-	}
+	cmd := pythonCmd(codePath)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = devNull, outW, errW
+	cmd.SysProcAttr.UseCgroupFD = true
+	cmd.SysProcAttr.CgroupFD = int(cg.Fd())
 	start := time.Now()
-	err = cmd.Start()
+	// SIGXCPU at the CPU limit, SIGKILL a second later for code that
+	// ignores it; the cgroup's account bounds the tree as a whole.
+	cpuSec := uint64((r.CPUMS + 999) / 1000)
+	err = withRlimits([][3]uint64{
+		{unix.RLIMIT_CPU, cpuSec, cpuSec + 1},
+		{unix.RLIMIT_FSIZE, uint64(r.FileSize), uint64(r.FileSize)},
+		{unix.RLIMIT_NOFILE, uint64(r.OpenFiles), uint64(r.OpenFiles)},
+		{unix.RLIMIT_CORE, 0, 0},
+	}, cmd.Start)
 	outW.Close()
 	errW.Close()
 	devNull.Close()
@@ -555,6 +536,51 @@ func (a *agent) run(r *wire.Run) (*wire.Exit, error) {
 	return exit, nil
 }
 
+// pythonCmd returns python3 with args, to run in the run's root as the
+// run's uid, in a session of its own, with the run's environment only.
+//
+// No no_new_privs: the root and /dev are mounted nosuid, so no program
+// there can gain a privilege (set-user-ID bits and file capabilities are
+// ignored), and the uid has none.
+func pythonCmd(args ...string) *exec.Cmd {
+	return &exec.Cmd{
+		Path: python,
+		Args: append([]string{"python3"}, args...),
+		Dir:  workDir,
+		Env:  []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + workDir, "LANG=C.UTF-8"},
+		SysProcAttr: &syscall.SysProcAttr{
+			Chroot:     newRoot,
+			Credential: &syscall.Credential{Uid: runUID, Gid: runGID, Groups: []uint32{}},
+			Setsid:     true,
+		},
+	}
+}
+
+// withRlimits runs f, which starts the run's process, with the agent's own
+// rlimits set to rl, so that the process inherits them, and puts the
+// agent's back afterwards.
+func withRlimits(rl [][3]uint64, f func() error) error {
+	// syscall's Setrlimit, not unix's: it also drops the limit Go saved at
+	// start-up to give children back, so that children get these.
+	old := make([]syscall.Rlimit, len(rl))
+	for i, r := range rl {
+		if err := syscall.Getrlimit(int(r[0]), &old[i]); err != nil {
+			return err
+		}
+	}
+	defer func() {
+		for i, r := range rl {
+			syscall.Setrlimit(int(r[0]), &old[i])
+		}
+	}()
+	for _, r := range rl {
+		if err := syscall.Setrlimit(int(r[0]), &syscall.Rlimit{Cur: r[1], Max: r[2]}); err != nil {
+			return fmt.Errorf("rlimit %d: %w", r[0], err)
+		}
+	}
+	return f()
+}
+
 func killGroup() {
 	os.WriteFile(runGroup+"/cgroup.kill", []byte("1"), 0)
 }
@@ -609,42 +635,4 @@ func diskFull(dir string) bool {
 		return false
 	}
 	return st.Bavail == 0 || st.Ffree == 0
-}
-
-// execPython is the exec stage: in the run's cgroup already, it sets the
-// rlimits and no_new_privs, enters the root filesystem, drops to the run's
-// uid and becomes python3. It never returns.
-func execPython(arg string) {
-	fail := func(err error) {
-		fmt.Fprintf(os.Stderr, "moat-agent: exec stage: %v\n", err)
-		os.Exit(127)
-	}
-	var spec execSpec
-	if err := json.Unmarshal([]byte(arg), &spec); err != nil {
-		fail(err)
-	}
-	for _, rl := range spec.Rlimits {
-		if err := unix.Setrlimit(int(rl[0]), &unix.Rlimit{Cur: rl[1], Max: rl[2]}); err != nil {
-			fail(fmt.Errorf("rlimit %d: %w", rl[0], err))
-		}
-	}
-	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-		fail(err)
-	}
-	if err := unix.Chroot(newRoot); err != nil {
-		fail(err)
-	}
-	if err := unix.Chdir(workDir); err != nil {
-		fail(err)
-	}
-	if err := syscall.Setgroups(nil); err != nil {
-		fail(err)
-	}
-	if err := syscall.Setgid(runGID); err != nil {
-		fail(err)
-	}
-	if err := syscall.Setuid(runUID); err != nil {
-		fail(err)
-	}
-	fail(unix.Exec(python, spec.Args, os.Environ()))
 }
