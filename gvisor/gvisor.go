@@ -17,6 +17,11 @@
 //     the host is mounted, and the code arrives on stdin;
 //   - the user nobody (65534:65534), no capability in any set,
 //     no_new_privs;
+//   - a seccomp filter that gVisor's kernel applies to the code
+//     (--oci-seccomp): no namespaces (unshare, setns, clone's namespace
+//     flags), no mounts, no ptrace, keyrings, BPF or io_uring, so that the
+//     code cannot mount a filesystem of its own past the disk limit or take
+//     capabilities in a user namespace;
 //   - the rlimits that gVisor's kernel enforces: CPU time, file size, open
 //     files, core dumps, and RLIMIT_NPROC for the task limit (threads inside
 //     gVisor are not host tasks, so a host pids limit would not count them;

@@ -165,6 +165,9 @@ func (b *booted) runscArgs() []string {
 		"--network=none",
 		"--host-uds=none",
 		"--overlay2=none",
+		"--host-fifo=none",
+		// The spec's seccomp filter, applied by gVisor's kernel to the code.
+		"--oci-seccomp",
 		// moat's cgroup holds runsc and everything it starts.
 		"--ignore-cgroups",
 		"--strace",

@@ -61,6 +61,23 @@ type (
 	}
 	ociLinux struct {
 		Namespaces []ociNamespace `json:"namespaces"`
+		Seccomp    *ociSeccomp    `json:"seccomp,omitempty"`
+	}
+	ociSeccomp struct {
+		DefaultAction string           `json:"defaultAction"`
+		Architectures []string         `json:"architectures"`
+		Syscalls      []ociSyscallRule `json:"syscalls"`
+	}
+	ociSyscallRule struct {
+		Names  []string        `json:"names"`
+		Action string          `json:"action"`
+		Args   []ociSeccompArg `json:"args,omitempty"`
+	}
+	ociSeccompArg struct {
+		Index    uint   `json:"index"`
+		Value    uint64 `json:"value"`
+		ValueTwo uint64 `json:"valueTwo"`
+		Op       string `json:"op"`
 	}
 	ociNamespace struct {
 		Type string `json:"type"`
@@ -167,6 +184,61 @@ func newSpec(rootfs, python string, l moat.Limits) *ociSpec {
 		Mounts:   mounts,
 		Linux: ociLinux{
 			Namespaces: []ociNamespace{{"pid"}, {"network"}, {"ipc"}, {"uts"}, {"mount"}},
+			Seccomp:    guestSeccomp(),
 		},
 	}
+}
+
+// deniedSyscalls are the system calls the code may not make, even to
+// gVisor's kernel: they reach parts of the sentry that running Python needs
+// none of (namespaces and mounts, other processes' memory, keyrings, BPF,
+// io_uring, modules), the same list as the subprocess level's filter. Those
+// gVisor does not implement fail anyway; runsc skips the names it does not
+// know.
+var deniedSyscalls = []string{
+	"ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd", "process_madvise",
+	"move_pages", "migrate_pages",
+	"unshare", "setns", "mount", "umount2", "pivot_root", "chroot",
+	"fsopen", "fsconfig", "fsmount", "fspick", "move_mount", "open_tree", "mount_setattr",
+	"open_by_handle_at", "name_to_handle_at",
+	"keyctl", "add_key", "request_key",
+	"bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
+	"fanotify_init", "mbind", "set_mempolicy", "get_mempolicy",
+	"init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load",
+	"reboot", "swapon", "swapoff", "acct", "quotactl", "iopl", "ioperm", "modify_ldt",
+}
+
+// namespaceFlags are clone's flags that make a namespace.
+var namespaceFlags = []uint64{
+	0x00020000, // CLONE_NEWNS
+	0x02000000, // CLONE_NEWCGROUP
+	0x04000000, // CLONE_NEWUTS
+	0x08000000, // CLONE_NEWIPC
+	0x10000000, // CLONE_NEWUSER
+	0x20000000, // CLONE_NEWPID
+	0x40000000, // CLONE_NEWNET
+}
+
+// guestSeccomp is the seccomp filter gVisor's kernel applies to the code
+// (runsc --oci-seccomp): deniedSyscalls fail with EPERM, and so does clone
+// with any namespace flag. Without namespaces of its own, the code cannot
+// mount a filesystem past the disk limit or gain capabilities in a user
+// namespace. clone3, whose flags a filter cannot read, fails with ENOSYS so
+// that the C library falls back to clone: that is SCMP_ACT_TRACE with no
+// tracer (ptrace is denied, so there is none), because the runsc of Debian
+// 13 ignores errnoRet and would return EPERM, which the C library does not
+// fall back from.
+func guestSeccomp() *ociSeccomp {
+	rules := []ociSyscallRule{
+		{Names: deniedSyscalls, Action: "SCMP_ACT_ERRNO"},
+		{Names: []string{"clone3"}, Action: "SCMP_ACT_TRACE"},
+	}
+	for _, f := range namespaceFlags {
+		rules = append(rules, ociSyscallRule{
+			Names:  []string{"clone"},
+			Action: "SCMP_ACT_ERRNO",
+			Args:   []ociSeccompArg{{Index: 0, Value: f, ValueTwo: f, Op: "SCMP_CMP_MASKED_EQ"}},
+		})
+	}
+	return &ociSeccomp{DefaultAction: "SCMP_ACT_ALLOW", Architectures: []string{"SCMP_ARCH_X86_64", "SCMP_ARCH_AARCH64"}, Syscalls: rules}
 }
