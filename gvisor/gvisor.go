@@ -52,7 +52,11 @@
 // pids, filesize and disk, from the sentry's log of the clone and write
 // calls that it refused with EAGAIN, EFBIG or ENOSPC (runsc's --strace,
 // limited to those calls, read from a pipe); the exit status and the signal
-// from runsc's own log, which carries the container's wait status.
+// from runsc's own log, which carries the container's wait status. The
+// tracing has a cost: every write system call is logged, so code that makes
+// many tiny unbuffered writes runs a few times slower than under gVisor
+// alone (measured here: about 30,000 one-byte writes a second instead of
+// 110,000). Python's own output to a pipe is buffered and barely affected.
 //
 // The level needs root: runsc runs rootful, and the cgroups are moat's.
 package gvisor

@@ -118,6 +118,9 @@ func (s *Sandbox) boot() (_ *booted, err error) {
 		files[i], files[i+1] = r, w
 	}
 	inR, inW, outR, outW, errR, errW, logR, logW := files[0], files[1], files[2], files[3], files[4], files[5], files[6], files[7]
+	// A deep log pipe lets the sentry write a burst of traced calls without
+	// waiting for moat to read them. Best effort: the default works too.
+	unix.FcntlInt(logW.Fd(), unix.F_SETPIPE_SZ, logPipeSize)
 
 	join := b.group.JoinFiles()
 	args := append([]string{"-c", joinScript, "moat-gvisor", strconv.Itoa(len(join))}, join...)
@@ -187,6 +190,9 @@ func (b *booted) alive() bool {
 		return true
 	}
 }
+
+// logPipeSize is the capacity asked for the sentry's log pipe.
+const logPipeSize = 1 << 20
 
 // streamDrain bounds how long the output is read after the sandbox ended:
 // every writer is dead by then, so the pipes are empty soon.

@@ -144,13 +144,29 @@ type sentryEvents struct {
 // a limit.
 var straceExit = regexp.MustCompile(`^I\d{4} [0-9:.]+ +\d+ strace\.go:\d+\] \[ *\d+: *\d+\] .{0,64}? X ([a-z0-9_]+)\(.* errno=(\d+) \([^()]*\) \([^()]*\)$`)
 
-func (e *sentryEvents) line(l string) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if m := straceExit.FindStringSubmatch(l); m != nil {
-		errno, _ := strconv.Atoi(m[2])
+var (
+	straceMark = []byte("strace.go:")
+	exitMark   = []byte(" X ")
+	errnoMark  = []byte(" errno=")
+)
+
+// line reads one line of the sentry's log. Most lines are traced calls that
+// succeeded or entered; they are skipped without a regexp.
+func (e *sentryEvents) line(l []byte) {
+	if bytes.Contains(l, straceMark) {
+		if !bytes.Contains(l, errnoMark) || !bytes.Contains(l, exitMark) {
+			return
+		}
+		m := straceExit.FindSubmatch(l)
+		if m == nil {
+			return
+		}
+		errno, _ := strconv.Atoi(string(m[2]))
+		name := string(m[1])
+		e.mu.Lock()
+		defer e.mu.Unlock()
 		switch {
-		case strings.Contains(m[1], "clone") || strings.Contains(m[1], "fork"):
+		case strings.Contains(name, "clone") || strings.Contains(name, "fork"):
 			if syscall.Errno(errno) == syscall.EAGAIN {
 				e.pids = true
 			}
@@ -161,16 +177,15 @@ func (e *sentryEvents) line(l string) {
 		}
 		return
 	}
-	if strings.Contains(l, "strace.go:") {
-		return
-	}
-	if strings.HasPrefix(l, "panic: ") || strings.HasPrefix(l, "fatal error: ") {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if bytes.HasPrefix(l, []byte("panic: ")) || bytes.HasPrefix(l, []byte("fatal error: ")) {
 		e.panicked = true
 	}
 	if len(e.last) == 8 {
 		e.last = e.last[1:]
 	}
-	e.last = append(e.last, clip([]byte(l), 300))
+	e.last = append(e.last, clip(l, 300))
 }
 
 // maxLogLine bounds one line of the sentry's log that moat looks at; the
@@ -183,7 +198,7 @@ func (e *sentryEvents) read(r io.Reader) {
 	for {
 		line, isPrefix, err := br.ReadLine()
 		if len(line) > 0 {
-			e.line(string(line))
+			e.line(line)
 		}
 		for isPrefix && err == nil {
 			_, isPrefix, err = br.ReadLine()
