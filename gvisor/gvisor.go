@@ -9,12 +9,15 @@
 //     ([Config.Platform]); a runsc without the chosen platform makes [New]
 //     fail, never a silent fallback to a slower or different one;
 //   - runsc's --network=none: a network namespace with loopback only;
-//     --host-uds=none: no host unix socket can be reached or created;
+//     --host-uds=none and --host-fifo=none: no host unix socket or FIFO can
+//     be reached or created;
 //   - the root filesystem is the shared image's (package image), read-only,
 //     with no overlay (--overlay2=none): nothing is ever written to it;
 //   - the working directory (/work), /tmp and /dev/shm are tmpfs mounts of
-//     the sandbox's own kernel whose sizes add up to Limits.Disk; nothing of
-//     the host is mounted, and the code arrives on stdin;
+//     the sandbox's own kernel whose sizes add up to Limits.Disk (gVisor's
+//     tmpfs has no inode limit: the number of files is bounded by the
+//     memory limit); nothing of the host is mounted, and the code arrives
+//     on stdin;
 //   - the user nobody (65534:65534), no capability in any set,
 //     no_new_privs;
 //   - a seccomp filter that gVisor's kernel applies to the code
@@ -53,7 +56,9 @@
 // calls that it refused with EAGAIN, EFBIG or ENOSPC (runsc's --strace,
 // limited to those calls, read from a pipe); the exit status and the signal
 // from runsc's own log, which carries the container's wait status. The
-// tracing has a cost: every write system call is logged, so code that makes
+// code's own file and task names appear in the sentry's log, so it can
+// forge lines there and change the Reason of its own run, never get past a
+// limit. The tracing has a cost: every write system call is logged, so code that makes
 // many tiny unbuffered writes runs a few times slower than under gVisor
 // alone (measured here: about 30,000 one-byte writes a second instead of
 // 110,000). Python's own output to a pipe is buffered and barely affected.
