@@ -108,6 +108,14 @@ type Config struct {
 	// template. It exists to measure what the template saves (the
 	// microvm-cold bench row). False means restore.
 	Cold bool `json:"cold,omitempty"`
+	// MaxVMs is the most VMs the sandbox runs at once; more runs wait for
+	// one to end (the wait counts in the Result's Duration, not in the
+	// run's wall time, which starts with the code). Zero means the number
+	// of host CPUs under TCG, where every running guest keeps a host CPU
+	// busy and a guest whose CPU is taken away still counts that time as
+	// its code's CPU time (emulation has no steal time); four times that
+	// under KVM.
+	MaxVMs int `json:"max_vms,omitempty"`
 	// BootTimeout bounds one boot of a VM to the agent's hello. Zero means
 	// 90s.
 	BootTimeout moat.Duration `json:"boot_timeout,omitempty"`
@@ -139,6 +147,9 @@ func (c Config) Validate() error {
 	}
 	if c.VCPUs < 0 || c.VCPUs > 64 {
 		return bad("vcpus %d out of range 0..64", c.VCPUs)
+	}
+	if c.MaxVMs < 0 {
+		return bad("max vms %d is negative", c.MaxVMs)
 	}
 	if c.BootTimeout < 0 {
 		return bad("boot timeout %v is negative", c.BootTimeout)
@@ -217,6 +228,7 @@ type Sandbox struct {
 	note   string // the accelerator, in short, for each Result
 	tmpl   string // the template's directory, unless cold
 	meta   *templateMeta
+	slots  chan struct{} // one per VM that may run at once
 	log    *slog.Logger
 
 	mu     sync.Mutex
@@ -307,7 +319,7 @@ func (s *Sandbox) details() []string {
 		"accel: " + s.accel,
 		"kernel: " + s.spec.Kernel,
 		"disk: " + s.spec.Disk,
-		fmt.Sprintf("guest: %d MiB, %d vCPU", s.spec.MemoryMiB, s.spec.VCPUs),
+		fmt.Sprintf("guest: %d MiB, %d vCPU; at most %d VMs at once", s.spec.MemoryMiB, s.spec.VCPUs, cap(s.slots)),
 	}
 	if m := s.meta; m != nil {
 		d = append(d, fmt.Sprintf("template: %s (cold boot %d ms, save %d ms, %d bytes)", s.tmpl, m.BootMS, m.SaveMS, m.Size))
@@ -390,6 +402,14 @@ func prepare(ctx context.Context, cfg Config, log *slog.Logger) (*Sandbox, error
 		s.vmm.Credentials = s.credentials(nil)
 	}
 	s.spec.Cmdline = kernelCmdline(s.spec.Accel, hostTSCkHz(cfg.StateDir))
+	n := cfg.MaxVMs
+	if n == 0 {
+		n = runtime.NumCPU()
+		if s.spec.Accel == AccelKVM {
+			n *= 4
+		}
+	}
+	s.slots = make(chan struct{}, n)
 	s.note = "accel: " + string(s.spec.Accel)
 	if s.spec.Accel == AccelTCG && cfg.Accel == "" {
 		s.note += " (software emulation: KVM cannot boot the guest here; moat doctor says why)"
@@ -531,6 +551,12 @@ func (s *Sandbox) Run(ctx context.Context, req moat.Request) (*moat.Result, erro
 		return nil, err
 	}
 	start := time.Now()
+	select {
+	case s.slots <- struct{}{}:
+		defer func() { <-s.slots }()
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 	vm, how, err := s.startVM(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
