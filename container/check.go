@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
+	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/client"
-	"github.com/docker/docker/errdefs"
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/image"
@@ -94,7 +94,7 @@ func probe(ctx context.Context, cli *client.Client, cfg Config) (*engine, error)
 		e.imagePresent = true
 		e.imageCreated, _ = time.Parse(time.RFC3339Nano, ins.Created)
 		e.imageSize = ins.Size
-	case !errdefs.IsNotFound(err):
+	case !cerrdefs.IsNotFound(err):
 		return nil, unavailable("the Docker engine cannot inspect image "+cfg.Image, "check dockerd's log", err)
 	}
 	return e, nil

@@ -58,9 +58,9 @@ import (
 	"syscall"
 	"time"
 
+	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/client"
-	"github.com/docker/docker/errdefs"
 	"github.com/docker/docker/pkg/stdcopy"
 	"golang.org/x/sys/unix"
 
@@ -347,7 +347,7 @@ func (s *Sandbox) run(ctx context.Context, p *prepared, req moat.Request) (*moat
 			killMu.Unlock()
 			kctx, cancel := context.WithTimeout(context.Background(), removeTimeout)
 			defer cancel()
-			if err := s.cli.ContainerKill(kctx, id, "KILL"); err != nil && !errdefs.IsConflict(err) && !errdefs.IsNotFound(err) {
+			if err := s.cli.ContainerKill(kctx, id, "KILL"); err != nil && !cerrdefs.IsConflict(err) && !cerrdefs.IsNotFound(err) {
 				s.log.Warn("container: kill", "id", shortID(id), "err", err)
 			}
 		})
@@ -500,7 +500,7 @@ func (s *Sandbox) remove(id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), removeTimeout)
 	defer cancel()
 	err := s.cli.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true})
-	if err != nil && !errdefs.IsNotFound(err) {
+	if err != nil && !cerrdefs.IsNotFound(err) {
 		s.log.Warn("container: remove", "id", shortID(id), "err", err)
 	}
 }

@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"time"
 
+	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types"
 	"github.com/docker/docker/api/types/container"
-	"github.com/docker/docker/errdefs"
 )
 
 // A prepared container is created, waited for and attached to, but not
@@ -36,7 +36,7 @@ func (s *Sandbox) prepare() (*prepared, error) {
 	defer cancel()
 	created, err := s.cli.ContainerCreate(ctx, s.spec.config(), s.spec.hostConfig(), nil, nil, "")
 	if err != nil {
-		if errdefs.IsNotFound(err) {
+		if cerrdefs.IsNotFound(err) {
 			return nil, unavailable(fmt.Sprintf("image %s is not in the Docker engine", s.spec.image), "run 'moat image build'", err)
 		}
 		return nil, fmt.Errorf("container: create: %w", err)

@@ -8,10 +8,10 @@ import (
 	"strconv"
 	"strings"
 
+	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/client"
-	"github.com/docker/docker/errdefs"
 )
 
 // reap removes the containers of moat processes that are gone: those that
@@ -38,7 +38,7 @@ func reap(ctx context.Context, cli client.APIClient, log *slog.Logger) ([]string
 			continue
 		}
 		err := cli.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})
-		if err != nil && !errdefs.IsNotFound(err) {
+		if err != nil && !cerrdefs.IsNotFound(err) {
 			log.Warn("container: remove a leftover container", "id", shortID(c.ID), "err", err)
 			continue
 		}

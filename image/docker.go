@@ -14,9 +14,9 @@ import (
 	"syscall"
 	"time"
 
+	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/client"
-	"github.com/docker/docker/errdefs"
 )
 
 // LabelKey is the image label that holds the root filesystem's full key.
@@ -99,7 +99,7 @@ func importImage(ctx context.Context, cli client.APIClient, cfg Config, p progre
 // inspectImage reports whether the engine holds tag with the label key.
 func inspectImage(ctx context.Context, cli client.APIClient, tag, key string) (id string, ok bool, err error) {
 	ins, err := cli.ImageInspect(ctx, tag)
-	if errdefs.IsNotFound(err) {
+	if cerrdefs.IsNotFound(err) {
 		return "", false, nil
 	}
 	if err != nil {
