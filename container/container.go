@@ -30,8 +30,16 @@
 //     its runc is recent enough. With only an older runc, New fails closed
 //     unless Config.AllowVulnerableRuntime says otherwise.
 //
+// The only file Docker itself mounts in is the /etc/hostname it generates,
+// read-only.
+//
 // The code reaches the container on stdin through the attach stream (no bind
-// mount, no copy), and its output comes back on the same stream. Every
+// mount, no copy), and its output comes back on the same stream. The stdin
+// is written only once moat watches the run from the host (see watch), so
+// no code runs unwatched. A Sandbox keeps Config.Warm containers created and
+// attached ahead of runs (nothing runs in them before a run starts one):
+// creating a container costs the engine tens of milliseconds that then stay
+// out of a run's time. Every
 // container carries the labels moat.sandbox=1 and moat.owner=<pid> (with the
 // owner's start time and boot id); New removes the containers whose owner is
 // gone, so a moat killed mid-run leaks nothing past the next start. Each run
