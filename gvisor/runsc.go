@@ -121,15 +121,20 @@ var straceSyscalls = []string{
 	"fallocate", "ftruncate", "truncate", "copy_file_range", "sendfile", "splice",
 }
 
-// sentryEvents is what the sentry's log says the run ran into. It is safe
-// for concurrent use.
-type sentryEvents struct {
-	mu       sync.Mutex
+// sentryFacts is what the sentry's log says the run ran into.
+type sentryFacts struct {
 	pids     bool     // a clone failed with EAGAIN
 	fileSize bool     // a write failed with EFBIG
 	disk     bool     // a write failed with ENOSPC
 	panicked bool     // the sentry itself panicked
 	last     []string // the sentry's last lines that are not strace, for errors
+}
+
+// sentryEvents gathers sentryFacts from the sentry's log as it comes. It is
+// safe for concurrent use.
+type sentryEvents struct {
+	mu sync.Mutex
+	f  sentryFacts // guarded by mu
 }
 
 // straceExit matches the exit line of a traced call that failed, e.g.
@@ -168,24 +173,24 @@ func (e *sentryEvents) line(l []byte) {
 		switch {
 		case strings.Contains(name, "clone") || strings.Contains(name, "fork"):
 			if syscall.Errno(errno) == syscall.EAGAIN {
-				e.pids = true
+				e.f.pids = true
 			}
 		case syscall.Errno(errno) == syscall.EFBIG:
-			e.fileSize = true
+			e.f.fileSize = true
 		case syscall.Errno(errno) == syscall.ENOSPC:
-			e.disk = true
+			e.f.disk = true
 		}
 		return
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if bytes.HasPrefix(l, []byte("panic: ")) || bytes.HasPrefix(l, []byte("fatal error: ")) {
-		e.panicked = true
+		e.f.panicked = true
 	}
-	if len(e.last) == 8 {
-		e.last = e.last[1:]
+	if len(e.f.last) == 8 {
+		e.f.last = e.f.last[1:]
 	}
-	e.last = append(e.last, clip(l, 300))
+	e.f.last = append(e.f.last, clip(l, 300))
 }
 
 // maxLogLine bounds one line of the sentry's log that moat looks at; the
@@ -209,10 +214,12 @@ func (e *sentryEvents) read(r io.Reader) {
 	}
 }
 
-func (e *sentryEvents) snapshot() sentryEvents {
+func (e *sentryEvents) snapshot() sentryFacts {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return sentryEvents{pids: e.pids, fileSize: e.fileSize, disk: e.disk, panicked: e.panicked, last: append([]string(nil), e.last...)}
+	f := e.f
+	f.last = append([]string(nil), e.f.last...)
+	return f
 }
 
 // exitLine matches runsc's last log line, which carries the container's
