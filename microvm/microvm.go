@@ -54,6 +54,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -592,6 +593,14 @@ func (s *Sandbox) startVM(ctx context.Context) (VM, string, error) {
 	spec := s.spec
 	spec.Restore = filepath.Join(s.tmpl, "state")
 	vm, err := s.vmm.Start(ctx, spec)
+	if errors.Is(err, fs.ErrNotExist) {
+		// A newer template of another sandbox superseded this one and
+		// removed it (see pruneTemplates): make it again.
+		if _, _, err := ensureTemplate(ctx, s.cfg.StateDir, s.vmm, s.spec, time.Duration(s.cfg.BootTimeout)); err != nil {
+			return nil, "", err
+		}
+		vm, err = s.vmm.Start(ctx, spec)
+	}
 	if err != nil {
 		return nil, "", err
 	}

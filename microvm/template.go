@@ -165,7 +165,33 @@ func ensureTemplate(ctx context.Context, stateDir string, vmm VMM, spec VMSpec, 
 	if err := os.Rename(tmp, dir); err != nil {
 		return "", nil, fmt.Errorf("microvm: %w", err)
 	}
+	pruneTemplates(filepath.Dir(dir), m)
 	return dir, m, nil
+}
+
+// pruneTemplates removes the templates that m supersedes: those of the same
+// accelerator, memory and vCPUs, made from other inputs (an older agent,
+// kernel, disk or QEMU). Each is some 100MB. A sandbox still using one
+// makes it again when it next needs it; runs restoring it at this moment
+// hold its state open and are not disturbed.
+func pruneTemplates(root string, m *templateMeta) {
+	ents, _ := os.ReadDir(root)
+	for _, e := range ents {
+		if !e.IsDir() || e.Name() == m.Key || strings.Contains(e.Name(), ".tmp-") {
+			continue
+		}
+		dir := filepath.Join(root, e.Name())
+		old, err := readMeta(dir)
+		if err != nil || old.Accel != m.Accel || old.MemoryMiB != m.MemoryMiB || old.VCPUs != m.VCPUs {
+			continue
+		}
+		unlock, err := lockFile(dir + ".lock")
+		if err != nil {
+			continue
+		}
+		os.RemoveAll(dir)
+		unlock()
+	}
 }
 
 func readMeta(dir string) (*templateMeta, error) {
