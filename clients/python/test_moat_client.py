@@ -1,0 +1,94 @@
+"""Tests of moat_client against a real server.
+
+The Go test TestPythonClient (server/client_test.go) starts the server on
+127.0.0.1 and runs these with MOAT_URL, MOAT_TOKEN and MOAT_OTHER_TOKEN set.
+"""
+
+import os
+import time
+import unittest
+
+from moat_client import Client, MoatError
+
+URL = os.environ.get("MOAT_URL")
+
+
+@unittest.skipUnless(URL, "MOAT_URL is not set: run through the Go test TestPythonClient")
+class ClientTest(unittest.TestCase):
+    def setUp(self):
+        self.c = Client(URL, os.environ["MOAT_TOKEN"])
+        self.other = Client(URL, os.environ["MOAT_OTHER_TOKEN"])
+
+    def test_run(self):
+        r = self.c.run("import sys\nprint('hi')\nsys.exit(4)")
+        self.assertEqual(r["stdout"], "hi\n")
+        self.assertEqual(r["exit_code"], 4)
+        self.assertEqual(r["level"], "subprocess")
+        for k in ("stderr", "duration_ms", "reason", "truncated"):
+            self.assertIn(k, r)
+
+    def test_levels(self):
+        self.assertIn({"level": "subprocess", "default": True, "sessions": True}, self.c.levels())
+
+    def test_session_files_and_state(self):
+        with self.c.session(interpreter=True, ttl="5m") as s:
+            s.run("x = 41\nopen('out.txt', 'w').write('written by code')")
+            self.assertEqual(s.run("print(x + 1)")["stdout"], "42\n")
+            s.upload("in/data.bin", b"\x00\x01binary\xff")
+            self.assertEqual(s.run("print(open('in/data.bin','rb').read()[2:8])")["stdout"], "b'binary'\n")
+            self.assertEqual(s.download("out.txt"), b"written by code")
+            names = {f["name"] for f in s.files()}
+            self.assertTrue({"out.txt", "in", "in/data.bin"} <= names, names)
+            s.remove("out.txt")
+            with self.assertRaises(MoatError) as cm:
+                s.download("out.txt")
+            self.assertEqual((cm.exception.status, cm.exception.code), (404, "not_found"))
+            self.assertIn(s.id, [x["id"] for x in self.c.sessions()])
+            sid = s.id
+        with self.assertRaises(MoatError) as cm:
+            self.c.get_session(sid)
+        self.assertEqual(cm.exception.status, 404)
+
+    def test_other_token_sees_nothing(self):
+        with self.c.session() as s:
+            s.upload("secret", "mine")
+            for call in (lambda: self.other.get_session(s.id),
+                         lambda: self.other.get_session(s.id).download("secret")):
+                with self.assertRaises(MoatError) as cm:
+                    call()
+                self.assertEqual(cm.exception.status, 404)
+            self.assertNotIn(s.id, [x["id"] for x in self.other.sessions()])
+            self.assertEqual(s.download("secret"), b"mine")
+
+    def test_bad_token(self):
+        with self.assertRaises(MoatError) as cm:
+            Client(URL, "not-a-token-at-all-1234").run("print(1)")
+        self.assertEqual((cm.exception.status, cm.exception.code), (401, "unauthorized"))
+
+    def test_traversal_refused(self):
+        with self.c.session() as s:
+            for name in ("../escape", "/etc/passwd", "a/../../b"):
+                with self.assertRaises(MoatError) as cm:
+                    s.upload(name, "x")
+                self.assertEqual(cm.exception.status, 400, name)
+            self.assertEqual(s.files(), [])
+
+    def test_stream(self):
+        events = list(self.c.stream("import time\nprint('a', flush=True)\ntime.sleep(0.2)\nprint('b')"))
+        self.assertEqual(events[0], ("stdout", "a\n"))
+        self.assertEqual(events[-1][0], "result")
+        self.assertEqual(events[-1][1]["stdout"], "a\nb\n")
+
+    def test_stream_closed_early_cancels(self):
+        gen = self.c.stream("import time\nprint('start', flush=True)\ntime.sleep(60)")
+        self.assertEqual(next(gen), ("stdout", "start\n"))
+        started = time.monotonic()
+        gen.close()
+        # Closing disconnects; the Go suite (TestStreaming) checks that the
+        # run's processes end. Here: the client and server go on.
+        self.assertEqual(self.c.run("print(2)")["stdout"], "2\n")
+        self.assertLess(time.monotonic() - started, 30)
+
+
+if __name__ == "__main__":
+    unittest.main()
