@@ -231,7 +231,6 @@ func (b *booted) use(ctx context.Context, req moat.Request, start time.Time) (*m
 		<-b.exited
 	}
 	stop()
-	end := time.Now()
 	// Whatever runsc left running dies now; then the pipes' writers are
 	// gone.
 	if err := b.kill(); err != nil {
@@ -272,7 +271,6 @@ func (b *booted) use(ctx context.Context, req moat.Request, start time.Time) (*m
 		Stderr:    stderr.Bytes(),
 		Truncated: stdout.Truncated() || stderr.Truncated(),
 		Notes:     s.notes,
-		Duration:  end.Sub(start),
 	}
 	var sig syscall.Signal
 	switch {
@@ -305,6 +303,9 @@ func (b *booted) use(ctx context.Context, req moat.Request, start time.Time) (*m
 	case sig != 0:
 		res.Reason = moat.ReasonSignal
 	}
+	// The duration counts the clean-up: Run returns only after it.
+	b.remove()
+	res.Duration = time.Since(start)
 	s.log.Debug("gvisor: run", "id", b.id, "duration", res.Duration, "exit", res.ExitCode, "reason", res.Reason)
 	return res, nil
 }
