@@ -113,7 +113,8 @@ fi
 GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
 [ -x "$GO" ] || die "go is needed to build moat's root filesystem ($GO not found)"
 cd "$MOAT_REPO"
-if "$GO" run ./cmd/moat help 2>/dev/null | grep -qE '^[[:space:]]+image[[:space:]]'; then
+help=$("$GO" run ./cmd/moat help 2>/dev/null || true)
+if grep -qE '^[[:space:]]+image[[:space:]]' <<<"$help"; then
 	say "building the sandbox image: moat image build"
 	"$GO" run ./cmd/moat image build
 else
