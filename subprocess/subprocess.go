@@ -212,7 +212,7 @@ func (s *Sandbox) details() []string {
 	if s.strict {
 		abi, _ := llsys.LandlockGetABIVersion()
 		d = append(d,
-			fmt.Sprintf("cgroup: v%d (memory, pids)", s.cg.Version()),
+			fmt.Sprintf("cgroup: v%d (memory, pids, cpu account)", s.cg.Version()),
 			fmt.Sprintf("landlock: ABI %d", abi),
 			"seccomp: filter installed per run",
 			fmt.Sprintf("uids: %d-%d", s.cfg.UIDFirst, s.cfg.UIDFirst+s.cfg.UIDCount-1))

@@ -6,6 +6,8 @@ import (
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/bench"
+	"github.com/moatsandbox/moat/container"
+	"github.com/moatsandbox/moat/gvisor"
 )
 
 func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
@@ -49,8 +51,12 @@ func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
 			return exitFor(stdio, err)
 		}
 		defer sb.Close()
-		targets = append(targets, bench.SandboxTarget(string(l), sb))
-		targets = append(targets, extraBenchTargets(ctx, fc, l)...)
+		t := bench.SandboxTarget(string(l), sb)
+		if g, ok := sb.(*gvisor.Sandbox); ok {
+			t.Note = "runsc " + g.Version() + ", platform " + string(g.Platform()) + ", sandboxes booted ahead of runs"
+		}
+		targets = append(targets, t)
+		targets = append(targets, extraBenchTargets(fc, l)...)
 	}
 	rep, err := bench.Run(ctx, cfg, bench.PythonTarget(python), targets...)
 	if err != nil {
@@ -72,6 +78,16 @@ func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
 
 // extraBenchTargets adds the comparison rows a level brings (docker-cli
 // for container, microvm-cold for microvm).
-func extraBenchTargets(ctx context.Context, fc fileConfig, l moat.Level) []bench.Target {
+func extraBenchTargets(fc fileConfig, l moat.Level) []bench.Target {
+	switch l {
+	case moat.LevelContainer:
+		cfg := fc.containerConfig()
+		return []bench.Target{{
+			Name:  "docker-cli",
+			Level: moat.LevelContainer,
+			Note:  "the same hardened run through docker run --rm -i",
+			Run:   func(ctx context.Context) error { return container.CLIRun(ctx, cfg) },
+		}}
+	}
 	return nil
 }

@@ -11,6 +11,8 @@ import (
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/attack"
+	"github.com/moatsandbox/moat/container"
+	"github.com/moatsandbox/moat/gvisor"
 	"github.com/moatsandbox/moat/subprocess"
 )
 
@@ -20,6 +22,8 @@ type fileConfig struct {
 	Level      moat.Level        `json:"level,omitempty"`
 	Limits     moat.Limits       `json:"limits"`
 	Subprocess subprocess.Config `json:"subprocess"`
+	Container  container.Config  `json:"container"`
+	GVisor     gvisor.Config     `json:"gvisor"`
 }
 
 // sandboxFlags are the operator's choices that every command that runs code
@@ -153,7 +157,39 @@ func levelTable() []levelEntry {
 				return true
 			},
 		},
+		{
+			level: moat.LevelContainer,
+			open: func(ctx context.Context, fc fileConfig) (moat.Sandbox, error) {
+				return container.New(fc.containerConfig())
+			},
+			check: func(ctx context.Context, fc fileConfig) moat.Availability {
+				return container.Check(ctx, fc.containerConfig())
+			},
+			claims: claimsAll,
+		},
+		{
+			level: moat.LevelGVisor,
+			open: func(ctx context.Context, fc fileConfig) (moat.Sandbox, error) {
+				return gvisor.New(fc.gvisorConfig())
+			},
+			check: func(ctx context.Context, fc fileConfig) moat.Availability {
+				return gvisor.Check(ctx, fc.gvisorConfig())
+			},
+			claims: claimsAll,
+		},
 	}
+}
+
+func (fc fileConfig) containerConfig() container.Config {
+	cfg := fc.Container
+	cfg.Limits = fc.Limits
+	return cfg
+}
+
+func (fc fileConfig) gvisorConfig() gvisor.Config {
+	cfg := fc.GVisor
+	cfg.Limits = fc.Limits
+	return cfg
 }
 
 func findLevel(l moat.Level) (levelEntry, error) {

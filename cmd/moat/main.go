@@ -49,6 +49,7 @@ func commands() []command {
 		{"attack", "run the six hostile programs against each level", cmdAttack},
 		{"bench", "time print(1) at each level against a direct python3 start", cmdBench},
 		{"doctor", "say which levels can run on this machine, and what to do if not", cmdDoctor},
+		{"image", "build or inspect the sandbox image (Debian + python3) the container, gvisor and microvm levels share", cmdImage},
 		{"agent", "run a Claude agent whose one tool, run_python, runs code in the sandbox", cmdAgent},
 		{"mcp", "serve run_python over MCP (stdio, or --http on a loopback address)", cmdMCP},
 	}
