@@ -197,8 +197,8 @@ func (c Config) Validate() error {
 		c.MaxSessionTTL < 0 || c.IdleTimeout < 0 || c.SweepInterval < 0 {
 		errs = append(errs, errors.New("caps and durations must not be negative"))
 	}
-	if c.SessionTTL != 0 && c.MaxSessionTTL != 0 && c.SessionTTL > c.MaxSessionTTL {
-		errs = append(errs, fmt.Errorf("session ttl %v is above the maximum %v", c.SessionTTL, c.MaxSessionTTL))
+	if d := c.withDefaults(); d.SessionTTL > d.MaxSessionTTL || d.IdleTimeout > d.MaxSessionTTL {
+		errs = append(errs, fmt.Errorf("session ttl %v and idle timeout %v must be at most the maximum ttl %v", d.SessionTTL, d.IdleTimeout, d.MaxSessionTTL))
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("server: config: %w: %w", errors.Join(errs...), moat.ErrInvalid)

@@ -1,0 +1,181 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/server"
+)
+
+func init() {
+	commandUsage["serve"] = "moat serve [--addr 127.0.0.1:8080] --tokens-file FILE [--levels L,...] [flags]"
+}
+
+// cmdServe serves the HTTP API (package server) over the chosen levels
+// until SIGTERM or SIGINT, then shuts down gracefully.
+func cmdServe(ctx context.Context, args []string, stdio Stdio) int {
+	fs := newFlagSet("serve")
+	sf := addSandboxFlags(fs)
+	var cfg server.Config
+	addr := fs.String("addr", "127.0.0.1:8080", "listen address; a non-loopback address exposes the API beyond this machine")
+	tokensFile := fs.String("tokens-file", "", `bearer tokens, one "NAME TOKEN" per line (# comments), or a JSON list of {"name","token"}; required`)
+	levels := fs.String("levels", "", "levels to serve: comma-separated, or all (every level available here); default: the --level")
+	fs.StringVar(&cfg.StateDir, "state-dir", "", "directory of the session database (default /var/lib/moat as root)")
+	fs.Var(&cfg.MaxCodeBytes, "max-code", "largest code of one run (default 1MiB)")
+	fs.Var(&cfg.MaxBodyBytes, "max-body", "largest JSON request body (default max-code + 64KiB)")
+	fs.Var(&cfg.MaxFileBytes, "max-file", "largest uploaded file (default 16MiB)")
+	fs.IntVar(&cfg.MaxSessionsPerToken, "max-sessions", 0, "sessions per token (default 16)")
+	fs.IntVar(&cfg.MaxConcurrentRuns, "max-runs", 0, "runs executing at once (default 2 x CPUs)")
+	fs.IntVar(&cfg.QueueLength, "queue", 0, "runs waiting for a slot before 429 (default 64)")
+	fs.Var(&cfg.QueueWait, "queue-wait", "longest wait for a slot before 503 (default 30s)")
+	fs.Var(&cfg.SessionTTL, "session-ttl", "default session time to live (default 30m)")
+	fs.Var(&cfg.MaxSessionTTL, "max-session-ttl", "longest session time to live (default 8h)")
+	fs.Var(&cfg.IdleTimeout, "idle-timeout", "default session idle timeout (default 10m)")
+	shutdownWait := moat.Duration(30 * time.Second)
+	fs.Var(&shutdownWait, "shutdown-timeout", "how long SIGTERM waits for runs in progress before cancelling them")
+	logJSON := fs.Bool("log-json", false, "log JSON lines instead of text")
+	if code, ok := parseFlags(fs, args, stdio); !ok {
+		return code
+	}
+	if fs.NArg() > 0 {
+		return exitFor(stdio, fmt.Errorf("serve: unexpected argument %q: %w", fs.Arg(0), moat.ErrInvalid))
+	}
+	var handler slog.Handler = slog.NewTextHandler(stdio.Err, nil)
+	if *logJSON {
+		handler = slog.NewJSONHandler(stdio.Err, nil)
+	}
+	log := slog.New(handler)
+	cfg.Logger = log
+
+	fc, err := sf.resolve()
+	if err != nil {
+		return exitFor(stdio, err)
+	}
+	if *tokensFile == "" {
+		return exitFor(stdio, fmt.Errorf("serve: --tokens-file is required: the API serves only holders of a token: %w", moat.ErrInvalid))
+	}
+	tokens, err := readTokens(*tokensFile)
+	if err != nil {
+		return exitFor(stdio, err)
+	}
+	cfg.Tokens = tokens
+	names := *levels
+	if names == "" {
+		names = string(fc.Level)
+	}
+	served, err := parseLevels(ctx, names, fc)
+	if err != nil {
+		return exitFor(stdio, fmt.Errorf("serve: %w: %w", err, moat.ErrInvalid))
+	}
+	// Validate everything but the sandboxes before opening any.
+	probe := cfg
+	probe.Sandboxes = map[moat.Level]moat.Sandbox{fc.Level: noSandbox{}}
+	if err := probe.Validate(); err != nil {
+		return exitFor(stdio, err)
+	}
+	// Listen first: a refused address needs no sandbox.
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return exitFor(stdio, fmt.Errorf("serve: %w: %w", err, moat.ErrInvalid))
+	}
+	defer ln.Close()
+	if tcp, ok := ln.Addr().(*net.TCPAddr); ok && !tcp.IP.IsLoopback() {
+		log.Warn("serve: listening beyond loopback: anyone who can reach this address and holds a token can run code", "addr", ln.Addr().String())
+	}
+
+	// Opening a level reaps what a dead moat left of it: after a crash,
+	// this is what removes the directories and processes of the sessions
+	// the server's database still lists.
+	cfg.Sandboxes = map[moat.Level]moat.Sandbox{}
+	defer func() {
+		for _, sb := range cfg.Sandboxes {
+			sb.Close()
+		}
+	}()
+	for _, l := range served {
+		sb, err := openLevel(ctx, fc, l)
+		if err != nil {
+			return exitFor(stdio, err)
+		}
+		cfg.Sandboxes[l] = sb
+	}
+	if _, ok := cfg.Sandboxes[fc.Level]; ok {
+		cfg.DefaultLevel = fc.Level
+	}
+	srv, err := server.New(cfg)
+	if err != nil {
+		return exitFor(stdio, err)
+	}
+	served2 := make(chan error, 1)
+	go func() { served2 <- srv.Serve(ln) }()
+	levelNames := make([]string, 0, len(served))
+	for _, l := range served {
+		levelNames = append(levelNames, string(l))
+	}
+	log.Info("serve: listening", "url", "http://"+ln.Addr().String(), "levels", strings.Join(levelNames, ","), "tokens", len(tokens), "state_dir", srv.StateDir())
+
+	select {
+	case <-ctx.Done():
+		log.Info("serve: shutting down", "wait", shutdownWait)
+	case err := <-served2:
+		srv.Close()
+		return exitFor(stdio, fmt.Errorf("serve: %w", err))
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), time.Duration(shutdownWait))
+	defer cancel()
+	err = srv.Shutdown(sctx)
+	<-served2
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return exitFor(stdio, fmt.Errorf("serve: shutdown: %w", err))
+	}
+	log.Info("serve: stopped")
+	return exitOK
+}
+
+// readTokens reads the operator's tokens: a JSON list of {"name", "token"},
+// or lines "NAME TOKEN" (or "NAME:TOKEN") with # comments.
+func readTokens(path string) ([]server.Token, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("serve: tokens: %w: %w", err, moat.ErrInvalid)
+	}
+	if st, err := os.Stat(path); err == nil && st.Mode().Perm()&0o004 != 0 {
+		return nil, fmt.Errorf("serve: tokens file %s is readable by every user (mode %v): chmod 600 it: %w", path, st.Mode().Perm(), moat.ErrInvalid)
+	}
+	if t := strings.TrimSpace(string(data)); strings.HasPrefix(t, "[") {
+		var tokens []server.Token
+		dec := json.NewDecoder(strings.NewReader(t))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&tokens); err != nil {
+			return nil, fmt.Errorf("serve: tokens file %s: %w: %w", path, err, moat.ErrInvalid)
+		}
+		return tokens, nil
+	}
+	var tokens []server.Token
+	sc := bufio.NewScanner(strings.NewReader(string(data)))
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		f := strings.Fields(strings.Replace(line, ":", " ", 1))
+		if len(f) != 2 {
+			return nil, fmt.Errorf("serve: tokens file %s, line %d: want \"NAME TOKEN\": %w", path, n, moat.ErrInvalid)
+		}
+		tokens = append(tokens, server.Token{Name: f[0], Token: f[1]})
+	}
+	return tokens, nil
+}
+
+// noSandbox stands for a level not opened yet, so that the rest of the
+// server's config can be checked before any level is.
+type noSandbox struct{ moat.Sandbox }
