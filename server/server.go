@@ -682,11 +682,11 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request, owner string, l
 	if err != nil {
 		s.log.Info("run", append(attrs, "err", err)...)
 		if sse != nil {
-			status, code := classify(err)
+			// The status line is sent already: the error is an event.
+			_, code := classify(err)
 			var body errorBody
 			body.Error.Code, body.Error.Message = code, err.Error()
 			sse.event("error", body)
-			_ = status
 			return nil
 		}
 		return err
@@ -1106,7 +1106,12 @@ func (s *Server) handleGetFile(w http.ResponseWriter, r *http.Request, owner str
 	w.Header().Set("Content-Type", "application/octet-stream")
 	if f, ok := rc.(interface{ Stat() (os.FileInfo, error) }); ok {
 		if st, err := f.Stat(); err == nil {
+			// The length announced is what is sent, even if the file
+			// changes meanwhile.
 			w.Header().Set("Content-Length", strconv.FormatInt(st.Size(), 10))
+			w.WriteHeader(http.StatusOK)
+			io.CopyN(w, rc, st.Size())
+			return nil
 		}
 	}
 	w.WriteHeader(http.StatusOK)
