@@ -804,8 +804,10 @@ type createRequest struct {
 
 func (s *Server) handleCreateSession(w http.ResponseWriter, r *http.Request, owner string) error {
 	var req createRequest
-	if err := s.decode(w, r, &req); err != nil {
-		return err
+	if r.ContentLength != 0 { // no body: every default
+		if err := s.decode(w, r, &req); err != nil {
+			return err
+		}
 	}
 	level, sb, err := s.sandbox(req.Level)
 	if err != nil {

@@ -407,7 +407,7 @@ func TestCapsAndQueue(t *testing.T) {
 	if r.Status != 429 || r.ErrorCode(t) != "too_many_sessions" || r.Header.Get("Retry-After") == "" {
 		t.Errorf("third session: %d %s %v", r.Status, r.Body, r.Header)
 	}
-	must(t, call(t, "POST", ts.URL+"/v1/sessions", tokenB, map[string]any{}), 201) // b's cap is b's
+	must(t, call(t, "POST", ts.URL+"/v1/sessions", tokenB, nil), 201) // b's cap is b's; no body means defaults
 
 	// One run holds the only slot, one waits, the next is refused at once;
 	// the waiting one gives up after QueueWait.
