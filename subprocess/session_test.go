@@ -417,3 +417,17 @@ func TestSessionClose(t *testing.T) {
 	}
 	_ = sb
 }
+
+// TestSessionFileAtLimitIsOnlyItsRunsReason: a file that reached the size
+// limit in one run is that run's reason, not every later run's.
+func TestSessionFileAtLimitIsOnlyItsRunsReason(t *testing.T) {
+	_, s := newSession(t, moat.Limits{FileSize: moat.MiB}, moat.SessionOptions{})
+	res := srun(t, s, "try:\n  open('big','wb').write(b'x' * (2 << 20))\nexcept OSError as e: print(e.errno)")
+	if res.Reason != moat.ReasonFileSize {
+		t.Fatalf("first run: reason %q, want filesize", res.Reason)
+	}
+	res = srun(t, s, "import os; print(os.path.getsize('big'))")
+	if res.Reason != "" || out(res) != "1048576" {
+		t.Errorf("second run: reason %q, stdout %q; want no reason and the 1 MiB file still there", res.Reason, out(res))
+	}
+}

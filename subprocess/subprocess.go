@@ -746,7 +746,7 @@ func memoryErrorAtEnd(stderr []byte) bool {
 	return len(lines) > 0 && bytes.HasPrefix(lines[len(lines)-1], []byte("MemoryError"))
 }
 
-// fileAtLimit reports whether the run left a file that reached the file
+// fileAtLimit reports whether the run wrote a file that reached the file
 // size limit: the host-side trace of RLIMIT_FSIZE (Python ignores SIGXFSZ
 // and gets EFBIG instead).
 func (r *run) fileAtLimit(limit int64) bool {
@@ -756,7 +756,9 @@ func (r *run) fileAtLimit(limit int64) bool {
 			return filepath.SkipDir
 		}
 		if d.Type().IsRegular() {
-			if info, err := d.Info(); err == nil && info.Size() >= limit {
+			// Only what this run wrote: a session's earlier files may sit
+			// at the limit legitimately.
+			if info, err := d.Info(); err == nil && info.Size() >= limit && !info.ModTime().Before(r.start) {
 				found = true
 				return filepath.SkipAll
 			}
