@@ -285,52 +285,8 @@ func (ss *Session) runOnce(ctx context.Context, r *run) (*moat.Result, error) {
 // directory, under its uid, in group when strict: the same protections as
 // run.do gives a one-shot run.
 func (ss *Session) spec(group *cgroup.Group, args []string) spec {
-	s, lim := ss.s, ss.s.limits
 	uid, gid := ss.uid()
-	sp := spec{
-		Python: s.python,
-		Args:   args,
-		Env:    []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + ss.dir, "LANG=C.UTF-8"},
-		Dir:    ss.dir,
-		UID:    uid,
-		GID:    gid,
-	}
-	cpu := uint64(time.Duration(lim.CPUTime).Seconds())
-	sp.Rlimits = []rlimit{
-		{unix.RLIMIT_CPU, cpu, cpu + 1},
-		{unix.RLIMIT_FSIZE, uint64(lim.FileSize), uint64(lim.FileSize)},
-		{unix.RLIMIT_NOFILE, uint64(lim.OpenFiles), uint64(lim.OpenFiles)},
-		{unix.RLIMIT_CORE, 0, 0},
-	}
-	if s.strict {
-		sp.Cgroups = group.JoinFiles()
-		sp.Rlimits = append(sp.Rlimits, rlimit{unix.RLIMIT_NPROC, uint64(lim.Pids), uint64(lim.Pids)})
-		sp.NoNewPrivs = true
-		sp.Seccomp = true
-		sp.Landlock = &lockSpec{
-			ReadOnly:  append(append([]string{}, readOnlyDirs...), pythonPrefix(s.python)...),
-			ReadFiles: readOnlyFiles,
-			RWFiles:   rwFiles,
-			Work:      ss.dir,
-		}
-	} else {
-		sp.AddressSpace = uint64(lim.Memory)
-	}
-	return sp
-}
-
-// mountWorkDir mounts a tmpfs of disk bytes on dir, owned by uid and gid,
-// as run.do does for a one-shot run.
-func mountWorkDir(dir string, disk moat.Bytes, uid, gid int) error {
-	inodes := int64(disk / (4 * moat.KiB))
-	if inodes < 64 {
-		inodes = 64
-	}
-	opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0700,uid=%d,gid=%d", int64(disk), inodes, uid, gid)
-	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, opts); err != nil {
-		return unavailable("cannot mount the size-limited working directory", "", err)
-	}
-	return nil
+	return ss.s.runSpec(ss.dir, uid, gid, group, args)
 }
 
 // writeNewFile creates name in dir with data, read-only, owned by uid and

@@ -500,36 +500,45 @@ func (r *run) do(ctx context.Context) (*moat.Result, error) {
 		return nil, fmt.Errorf("subprocess: %w", err)
 	}
 	if s.strict {
-		inodes := int64(lim.Disk / (4 * moat.KiB))
-		if inodes < 64 {
-			inodes = 64
-		}
-		opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0700,uid=%d,gid=%d", int64(lim.Disk), inodes, uid, gid)
-		if err := unix.Mount("tmpfs", r.dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, opts); err != nil {
-			return nil, unavailable("cannot mount the size-limited working directory", "", err)
+		if err := mountWorkDir(r.dir, lim.Disk, uid, gid); err != nil {
+			return nil, err
 		}
 		r.mounted = true
 	}
 	// The code goes in a file: argv cannot carry NUL bytes, and stdin is
 	// the code's own, empty.
-	codePath := filepath.Join(r.dir, ".moat-main.py")
-	if err := os.WriteFile(codePath, r.req.Code, 0o400); err != nil {
+	const codeName = ".moat-main.py"
+	if err := writeNewFile(r.dir, codeName, r.req.Code, uid, gid); err != nil {
 		if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EFBIG) {
 			return nil, fmt.Errorf("subprocess: code of %d bytes does not fit in the %v working directory: %w", len(r.req.Code), lim.Disk, moat.ErrInvalid)
 		}
 		return nil, fmt.Errorf("subprocess: %w", err)
 	}
-	if uid >= 0 {
-		if err := os.Chown(codePath, uid, gid); err != nil {
-			return nil, fmt.Errorf("subprocess: %w", err)
+	if s.strict {
+		group, err := s.cg.New(r.id, cgroup.Limits{Memory: int64(lim.Memory), Pids: int64(lim.Pids)})
+		if err != nil {
+			return nil, unavailable("cannot create the run's cgroup", "", err)
 		}
+		r.group = group
 	}
+	sp := s.runSpec(r.dir, uid, gid, r.group, []string{"python3", filepath.Join(r.dir, codeName)})
+	arg, err := json.Marshal(sp)
+	if err != nil {
+		return nil, fmt.Errorf("subprocess: %w", err)
+	}
+	return r.exec(ctx, arg)
+}
 
+// runSpec is the helper's spec for running args (python3's argv) in dir as
+// uid and gid (-1: moat's), in group (strict hardening only): every run,
+// one-shot or in a session, is started from it.
+func (s *Sandbox) runSpec(dir string, uid, gid int, group *cgroup.Group, args []string) spec {
+	lim := s.limits
 	sp := spec{
 		Python: s.python,
-		Args:   []string{"python3", codePath},
-		Env:    []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + r.dir, "LANG=C.UTF-8"},
-		Dir:    r.dir,
+		Args:   args,
+		Env:    []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + dir, "LANG=C.UTF-8"},
+		Dir:    dir,
 		UID:    uid,
 		GID:    gid,
 	}
@@ -542,32 +551,37 @@ func (r *run) do(ctx context.Context) (*moat.Result, error) {
 		{unix.RLIMIT_NOFILE, uint64(lim.OpenFiles), uint64(lim.OpenFiles)},
 		{unix.RLIMIT_CORE, 0, 0},
 	}
-	if s.strict {
-		group, err := s.cg.New(r.id, cgroup.Limits{Memory: int64(lim.Memory), Pids: int64(lim.Pids)})
-		if err != nil {
-			return nil, unavailable("cannot create the run's cgroup", "", err)
-		}
-		r.group = group
-		sp.Cgroups = group.JoinFiles()
-		// The uid is the run's own, so RLIMIT_NPROC counts this run only.
-		sp.Rlimits = append(sp.Rlimits, rlimit{unix.RLIMIT_NPROC, uint64(lim.Pids), uint64(lim.Pids)})
-		sp.NoNewPrivs = true
-		sp.Seccomp = true
-		sp.Landlock = &lockSpec{
-			ReadOnly:  append(append([]string{}, readOnlyDirs...), pythonPrefix(s.python)...),
-			ReadFiles: readOnlyFiles,
-			RWFiles:   rwFiles,
-			Work:      r.dir,
-		}
-	} else {
+	if !s.strict {
 		// The tutorial's memory limit: address space, per process.
 		sp.AddressSpace = uint64(lim.Memory)
+		return sp
 	}
-	arg, err := json.Marshal(sp)
-	if err != nil {
-		return nil, fmt.Errorf("subprocess: %w", err)
+	sp.Cgroups = group.JoinFiles()
+	// The uid is the run's own, so RLIMIT_NPROC counts this run only.
+	sp.Rlimits = append(sp.Rlimits, rlimit{unix.RLIMIT_NPROC, uint64(lim.Pids), uint64(lim.Pids)})
+	sp.NoNewPrivs = true
+	sp.Seccomp = true
+	sp.Landlock = &lockSpec{
+		ReadOnly:  append(append([]string{}, readOnlyDirs...), pythonPrefix(s.python)...),
+		ReadFiles: readOnlyFiles,
+		RWFiles:   rwFiles,
+		Work:      dir,
 	}
-	return r.exec(ctx, arg)
+	return sp
+}
+
+// mountWorkDir mounts a tmpfs of disk bytes (and an inode per 4 KiB) on
+// dir, owned by uid and gid, noexec, nosuid, nodev.
+func mountWorkDir(dir string, disk moat.Bytes, uid, gid int) error {
+	inodes := int64(disk / (4 * moat.KiB))
+	if inodes < 64 {
+		inodes = 64
+	}
+	opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0700,uid=%d,gid=%d", int64(disk), inodes, uid, gid)
+	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, opts); err != nil {
+		return unavailable("cannot mount the size-limited working directory", "", err)
+	}
+	return nil
 }
 
 // pythonPrefix returns the installation prefix of an interpreter that lives
