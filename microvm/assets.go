@@ -31,27 +31,32 @@ import (
 //	                                  read-only ext4 image
 //	STATE/microvm/templates/KEY/      a booted VM, saved (see template.go)
 
-// guestModules are the modules the guest loads, dependencies first: the
-// cloud kernel has virtio-mmio, virtio-blk, virtio-console and overlayfs
-// as modules.
-var guestModules = []string{
-	"kernel/drivers/virtio/virtio_ring.ko",
-	"kernel/drivers/virtio/virtio.ko",
-	"kernel/drivers/virtio/virtio_mmio.ko",
-	"kernel/drivers/block/virtio_blk.ko",
-	"kernel/drivers/char/virtio_console.ko",
-	"kernel/fs/overlayfs/overlay.ko",
+// guestModules are the drivers the guest needs, dependencies first, with
+// the config option that builds each in. The cloud kernel has virtio-mmio,
+// virtio-blk, virtio-console and overlayfs as modules, which the initramfs
+// carries and the agent loads; moat's own minimal kernel (kernel/) has them
+// built in.
+var guestModules = []struct{ path, option string }{
+	{"kernel/drivers/virtio/virtio_ring.ko", "CONFIG_VIRTIO"},
+	{"kernel/drivers/virtio/virtio.ko", "CONFIG_VIRTIO"},
+	{"kernel/drivers/virtio/virtio_mmio.ko", "CONFIG_VIRTIO_MMIO"},
+	{"kernel/drivers/block/virtio_blk.ko", "CONFIG_VIRTIO_BLK"},
+	{"kernel/drivers/char/virtio_console.ko", "CONFIG_VIRTIO_CONSOLE"},
+	{"kernel/fs/overlayfs/overlay.ko", "CONFIG_OVERLAY_FS"},
 }
 
-// kernel is a guest kernel and its modules.
+// kernel is a guest kernel and the modules it must load.
 type kernel struct {
-	Release string // e.g. 6.1.0-57-cloud-amd64
-	Image   string // boot/vmlinuz-REL
-	Modules string // lib/modules/REL
+	Release string   // e.g. 6.1.0-57-cloud-amd64
+	Image   string   // DIR/boot/vmlinuz-REL
+	Modules []string // under DIR/lib/modules/REL, in load order
+	NoACPI  bool     // built without ACPI (see VMSpec.NoACPI)
 }
 
-// findKernel returns the kernel in dir (an extracted linux-image package),
-// or when dir is empty the newest under STATE/microvm/kernels.
+// findKernel returns the kernel in dir (an extracted linux-image package,
+// or moat's own build: DIR/boot/vmlinuz-REL, DIR/boot/config-REL and, for
+// what is not built in, DIR/lib/modules/REL), or when dir is empty the
+// newest under STATE/microvm/kernels.
 func findKernel(stateDir, dir string) (*kernel, error) {
 	dirs := []string{dir}
 	if dir == "" {
@@ -59,21 +64,44 @@ func findKernel(stateDir, dir string) (*kernel, error) {
 		sort.Sort(sort.Reverse(sort.StringSlice(found)))
 		dirs = found
 	}
+	var problems []string
 	for _, d := range dirs {
 		imgs, _ := filepath.Glob(filepath.Join(d, "boot", "vmlinuz-*"))
 		for _, img := range imgs {
 			rel := strings.TrimPrefix(filepath.Base(img), "vmlinuz-")
-			k := &kernel{Release: rel, Image: img, Modules: filepath.Join(d, "lib", "modules", rel)}
-			if _, err := os.Stat(filepath.Join(k.Modules, guestModules[0])); err == nil {
+			k, err := kernelAt(d, rel, img)
+			if err == nil {
 				return k, nil
 			}
+			problems = append(problems, err.Error())
 		}
 	}
 	where := dir
 	if where == "" {
 		where = filepath.Join(stateDir, "microvm", "kernels")
 	}
-	return nil, fmt.Errorf("microvm: no guest kernel with its modules in %s", where)
+	if len(problems) > 0 {
+		return nil, fmt.Errorf("microvm: no usable guest kernel in %s: %s", where, strings.Join(problems, "; "))
+	}
+	return nil, fmt.Errorf("microvm: no guest kernel in %s", where)
+}
+
+func kernelAt(dir, rel, img string) (*kernel, error) {
+	config, _ := os.ReadFile(filepath.Join(dir, "boot", "config-"+rel))
+	builtin := func(option string) bool {
+		return bytes.Contains(config, []byte("\n"+option+"=y\n"))
+	}
+	k := &kernel{Release: rel, Image: img, NoACPI: len(config) > 0 && !builtin("CONFIG_ACPI")}
+	mods := filepath.Join(dir, "lib", "modules", rel)
+	for _, m := range guestModules {
+		p := filepath.Join(mods, m.path)
+		if _, err := os.Stat(p); err == nil {
+			k.Modules = append(k.Modules, p)
+		} else if !builtin(m.option) {
+			return nil, fmt.Errorf("%s: neither %s nor %s=y in its config", img, p, m.option)
+		}
+	}
+	return k, nil
 }
 
 // fileKey hashes the paths, sizes and modification times of files: enough
@@ -221,11 +249,8 @@ func lockFile(path string) (unlock func(), err error) {
 func ensureInitrd(stateDir, agent string, k *kernel) (string, error) {
 	h := sha256.New()
 	fmt.Fprintf(h, "initrd v1 %s\n", k.Release)
-	mods := make([]string, len(guestModules))
-	for i, m := range guestModules {
-		mods[i] = filepath.Join(k.Modules, m)
-	}
-	if err := fileKey(h, append([]string{agent}, mods...)...); err != nil {
+	mods := k.Modules
+	if err := fileKey(h, append([]string{agent, k.Image}, mods...)...); err != nil {
 		return "", fmt.Errorf("microvm: initrd: %w", err)
 	}
 	out := filepath.Join(stateDir, "microvm", "initrd", hex.EncodeToString(h.Sum(nil))[:16]+".cpio")
@@ -251,7 +276,7 @@ func ensureInitrd(stateDir, agent string, k *kernel) (string, error) {
 			w.file("modules/"+filepath.Base(m), 0o644, b)
 			order = append(order, filepath.Base(m))
 		}
-		w.file("modules/order", 0o644, []byte(strings.Join(order, "\n")+"\n"))
+		w.file("modules/order", 0o644, []byte(strings.Join(order, "\n")))
 		b, err := os.ReadFile(agent)
 		if err != nil {
 			return err

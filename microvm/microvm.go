@@ -109,6 +109,12 @@ type Config struct {
 	// template. It exists to measure what the template saves (the
 	// microvm-cold bench row). False means restore.
 	Cold bool `json:"cold,omitempty"`
+	// Ready is how many VMs the sandbox keeps restored from the template
+	// ahead of runs, each waiting for its one run, so that a run does not
+	// wait for QEMU to start and load the state. They are killed by Close.
+	// Zero means 1; a negative number means none (every run restores its
+	// VM itself). Cold sandboxes keep none.
+	Ready int `json:"ready,omitempty"`
 	// MaxVMs is the most VMs the sandbox runs at once; more runs wait for
 	// one to end (the wait counts in the Result's Duration, not in the
 	// run's wall time, which starts with the code). Zero means the number
@@ -232,6 +238,13 @@ type Sandbox struct {
 	slots  chan struct{} // one per VM that may run at once
 	log    *slog.Logger
 
+	// ready holds VMs restored ahead of runs; the filler goroutine keeps it
+	// full until stopFill is called, and fillDone when it has returned.
+	ready    chan readyVM
+	refill   chan struct{}
+	stopFill context.CancelFunc
+	fillDone chan struct{}
+
 	mu     sync.Mutex
 	closed bool
 	runs   sync.WaitGroup
@@ -272,6 +285,17 @@ func New(cfg Config) (*Sandbox, error) {
 		}
 		s.tmpl, s.meta = dir, meta
 		log.Info("microvm: template", "dir", dir, "boot_ms", meta.BootMS, "save_ms", meta.SaveMS, "bytes", meta.Size, "took", time.Since(start))
+		if n := cfg.Ready; n >= 0 {
+			if n == 0 {
+				n = 1
+			}
+			s.ready = make(chan readyVM, n)
+			s.refill = make(chan struct{}, 1)
+			s.fillDone = make(chan struct{})
+			ctx, cancel := context.WithCancel(context.Background())
+			s.stopFill = cancel
+			go s.fill(ctx)
+		}
 	}
 	return s, nil
 }
@@ -366,7 +390,7 @@ func prepare(ctx context.Context, cfg Config, log *slog.Logger) (*Sandbox, error
 		return nil, unavailable("cannot make the root disk from the shared image", setupRemedy+" (or moat image build)", err)
 	}
 	s.spec = VMSpec{
-		Kernel: k.Image, Initrd: initrd, Disk: disk,
+		Kernel: k.Image, Initrd: initrd, Disk: disk, NoACPI: k.NoACPI,
 		MemoryMiB: GuestMemoryMiB(s.limits), VCPUs: cfg.VCPUs,
 	}
 	s.vmm = &QEMU{Binary: cfg.QEMU, Version: version, Tag: vmTag}
@@ -524,6 +548,19 @@ func (s *Sandbox) Close() error {
 	s.closed = true
 	s.mu.Unlock()
 	s.runs.Wait()
+	if s.stopFill != nil {
+		s.stopFill()
+		<-s.fillDone
+		for {
+			select {
+			case r := <-s.ready:
+				r.vm.Kill()
+				continue
+			default:
+			}
+			break
+		}
+	}
 	return nil
 }
 
@@ -558,6 +595,7 @@ func (s *Sandbox) Run(ctx context.Context, req moat.Request) (*moat.Result, erro
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+	defer s.askRefill()
 	vm, how, err := s.startVM(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -590,6 +628,19 @@ func (s *Sandbox) startVM(ctx context.Context) (VM, string, error) {
 		}
 		return vm, fmt.Sprintf("vm: cold boot to a ready agent in %d ms", time.Since(start).Milliseconds()), nil
 	}
+	if r, ok := s.takeReady(); ok {
+		return r.vm, fmt.Sprintf("vm: restored from template %s in %d ms, ahead of the run", filepath.Base(s.tmpl)[:12], r.ms), nil
+	}
+	vm, err := s.restore(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	return vm, fmt.Sprintf("vm: restored from template %s in %d ms", filepath.Base(s.tmpl)[:12], time.Since(start).Milliseconds()), nil
+}
+
+// restore starts a VM from the template and lets it run: its agent waits
+// for the code.
+func (s *Sandbox) restore(ctx context.Context) (VM, error) {
 	spec := s.spec
 	spec.Restore = filepath.Join(s.tmpl, "state")
 	vm, err := s.vmm.Start(ctx, spec)
@@ -597,20 +648,89 @@ func (s *Sandbox) startVM(ctx context.Context) (VM, string, error) {
 		// A newer template of another sandbox superseded this one and
 		// removed it (see pruneTemplates): make it again.
 		if _, _, err := ensureTemplate(ctx, s.cfg.StateDir, s.vmm, s.spec, time.Duration(s.cfg.BootTimeout)); err != nil {
-			return nil, "", err
+			return nil, err
 		}
 		vm, err = s.vmm.Start(ctx, spec)
 	}
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	rctx, cancel := context.WithTimeout(ctx, time.Duration(s.cfg.BootTimeout))
 	defer cancel()
 	if err := vm.Resume(rctx); err != nil {
 		vm.Kill()
-		return nil, "", err
+		return nil, err
 	}
-	return vm, fmt.Sprintf("vm: restored from template %s in %d ms", filepath.Base(s.tmpl)[:12], time.Since(start).Milliseconds()), nil
+	return vm, nil
+}
+
+// readyVM is a VM restored ahead of its run.
+type readyVM struct {
+	vm VM
+	ms int64 // how long its restore took
+}
+
+// fill keeps s.ready full until ctx ends, restoring a VM whenever one is
+// taken (s.refill).
+func (s *Sandbox) fill(ctx context.Context) {
+	defer close(s.fillDone)
+	for {
+		for len(s.ready) < cap(s.ready) {
+			start := time.Now()
+			vm, err := s.restore(ctx)
+			if err != nil {
+				if ctx.Err() == nil {
+					s.log.Warn("microvm: restore a VM ahead of its run", "err", err)
+				}
+				break
+			}
+			select {
+			case s.ready <- readyVM{vm, time.Since(start).Milliseconds()}:
+			case <-ctx.Done():
+				vm.Kill()
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.refill:
+		}
+	}
+}
+
+// askRefill asks the filler for another VM. Runs ask when they end, not
+// when they start, so that the restore does not compete with the run for
+// the CPU.
+func (s *Sandbox) askRefill() {
+	if s.refill == nil {
+		return
+	}
+	select {
+	case s.refill <- struct{}{}:
+	default:
+	}
+}
+
+// takeReady returns a VM restored ahead, if one is there and alive.
+func (s *Sandbox) takeReady() (readyVM, bool) {
+	if s.ready == nil {
+		return readyVM{}, false
+	}
+	for {
+		select {
+		case r := <-s.ready:
+			select {
+			case <-r.vm.Exited():
+				r.vm.Kill()
+				continue
+			default:
+				return r, true
+			}
+		default:
+			return readyVM{}, false
+		}
+	}
 }
 
 type frame struct {

@@ -46,8 +46,15 @@ type templateMeta struct {
 // templateKey names the template of spec.
 func templateKey(vmm VMM, spec VMSpec) (string, error) {
 	h := sha256.New()
-	fmt.Fprintf(h, "template v1\nvmm=%s\ncmdline=%s\naccel=%s\nmem=%d\nvcpus=%d\n",
-		vmm.Name(), spec.Cmdline, spec.Accel, spec.MemoryMiB, spec.VCPUs)
+	fmt.Fprintf(h, "template v1\nvmm=%s\ncmdline=%s\naccel=%s\nmem=%d\nvcpus=%d\nnoacpi=%v\n",
+		vmm.Name(), spec.Cmdline, spec.Accel, spec.MemoryMiB, spec.VCPUs, spec.NoACPI)
+	if q, ok := vmm.(*QEMU); ok {
+		// The whole command line, but for what differs between runs.
+		fmt.Fprintf(h, "args=%q\n", q.args(VMSpec{
+			Kernel: spec.Kernel, Initrd: spec.Initrd, Disk: spec.Disk, Cmdline: spec.Cmdline,
+			MemoryMiB: spec.MemoryMiB, VCPUs: spec.VCPUs, Accel: spec.Accel, NoACPI: spec.NoACPI,
+		}, "tag"))
+	}
 	if err := fileKey(h, spec.Kernel, spec.Initrd, spec.Disk); err != nil {
 		return "", fmt.Errorf("microvm: template key: %w", err)
 	}

@@ -72,7 +72,7 @@ func TestQEMUArgs(t *testing.T) {
 		{"boot", func(*VMSpec) {}, []string{"-nodefaults", "-nic\x00none", "file=/d,,x,format=raw,if=none,readonly=on", "-cpu\x00max", "-m\x00512M", "-name\x00tag"}, []string{"-incoming"}},
 		{"restore", func(s *VMSpec) { s.Restore = "/state" }, []string{"-incoming\x00fd:5", "null,id=con"}, []string{"/state"}},
 		{"console", func(s *VMSpec) { s.Console = &bytes.Buffer{} }, []string{"socket,id=con,fd=5"}, nil},
-		{"kvm", func(s *VMSpec) { s.Accel = AccelKVM }, []string{"accel=kvm", "-cpu\x00host,-arch-capabilities"}, nil},
+		{"kvm", func(s *VMSpec) { s.Accel = AccelKVM }, []string{"-accel\x00kvm", "-cpu\x00host,-arch-capabilities"}, nil},
 	} {
 		s := spec
 		c.mod(&s)

@@ -45,6 +45,9 @@ type VMSpec struct {
 	MemoryMiB int
 	VCPUs     int
 	Accel     Accel
+	// NoACPI gives the guest no ACPI tables: for a kernel built without
+	// ACPI, which then finds its virtio-mmio devices on the command line.
+	NoACPI bool
 
 	// MemoryFile backs the guest's RAM. A template boot maps it shared,
 	// so that the saved memory is the file itself; a restore maps it

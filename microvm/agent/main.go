@@ -60,7 +60,13 @@ const (
 // consoleLog writes a line to the kernel console, for whoever reads the
 // VM's serial port (only the template boot's is kept).
 func consoleLog(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "moat-agent: "+format+"\n", args...)
+	msg := fmt.Sprintf("moat-agent: "+format+"\n", args...)
+	if f, err := os.OpenFile("/dev/kmsg", os.O_WRONLY, 0); err == nil {
+		f.WriteString(msg)
+		f.Close()
+		return
+	}
+	os.Stderr.WriteString(msg)
 }
 
 func main() {
@@ -97,15 +103,16 @@ func (a *agent) sendJSON(k wire.Kind, v any) error {
 	return a.send(k, b)
 }
 
-// fatal reports err to the host if it can and powers the VM off, so that
-// QEMU exits and the host sees the failure at once.
+// fatal reports err to the host if it can and ends the VM, so that QEMU
+// exits and the host sees the failure at once.
 func (a *agent) fatal(err error) {
 	consoleLog("fatal: %v", err)
 	if a.port != nil {
 		a.send(wire.KindFail, []byte(err.Error()))
 	}
-	unix.Sync()
-	unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF)
+	// QEMU runs with -no-reboot: a reboot ends it, whether or not the
+	// kernel can power the machine off.
+	unix.Reboot(unix.LINUX_REBOOT_CMD_RESTART)
 	hang()
 }
 
