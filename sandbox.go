@@ -2,6 +2,7 @@ package moat
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 )
@@ -85,4 +86,18 @@ type Availability struct {
 	Reason    string   `json:"reason,omitempty"`  // why not, or a caveat when available
 	Remedy    string   `json:"remedy,omitempty"`  // what the operator can do
 	Details   []string `json:"details,omitempty"` // facts checked, one per line
+}
+
+// Unavailable returns the Availability of level l when checking it failed
+// with err: the reason and remedy of an *UnavailableError, or err's text.
+func Unavailable(l Level, err error) Availability {
+	a := Availability{Level: l, Reason: err.Error()}
+	var ue *UnavailableError
+	if errors.As(err, &ue) {
+		a.Reason, a.Remedy = ue.Reason, ue.Remedy
+		if ue.Err != nil {
+			a.Reason += ": " + ue.Err.Error()
+		}
+	}
+	return a
 }

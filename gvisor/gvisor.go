@@ -232,21 +232,11 @@ func New(cfg Config) (*Sandbox, error) {
 // Check says whether a sandbox with cfg can run here, and which runsc,
 // platform and image it would use, without reaping or running anything.
 func Check(ctx context.Context, cfg Config) moat.Availability {
-	a := moat.Availability{Level: moat.LevelGVisor}
 	s, err := prepare(ctx, cfg)
 	if err != nil {
-		var ue *moat.UnavailableError
-		if errors.As(err, &ue) {
-			a.Reason, a.Remedy = ue.Reason, ue.Remedy
-			if ue.Err != nil {
-				a.Reason += ": " + ue.Err.Error()
-			}
-		} else {
-			a.Reason = err.Error()
-		}
-		return a
+		return moat.Unavailable(moat.LevelGVisor, err)
 	}
-	a.Available = true
+	a := moat.Availability{Level: moat.LevelGVisor, Available: true}
 	a.Details = s.details()
 	return a
 }

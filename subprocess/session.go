@@ -193,16 +193,9 @@ func (ss *Session) uid() (int, int) {
 // Run runs req.Code in the session; see moat.Session.
 func (ss *Session) Run(ctx context.Context, req moat.Request) (*moat.Result, error) {
 	s := ss.s
-	if len(req.Code) == 0 {
-		return nil, fmt.Errorf("subprocess: empty code: %w", moat.ErrInvalid)
+	if err := s.begin(req); err != nil {
+		return nil, err
 	}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil, fmt.Errorf("subprocess: %w", moat.ErrClosed)
-	}
-	s.runs.Add(1)
-	s.mu.Unlock()
 	defer s.runs.Done()
 	if err := ss.acquire(ctx); err != nil {
 		return nil, err

@@ -187,21 +187,11 @@ func New(cfg Config) (*Sandbox, error) {
 // Check says whether a sandbox with cfg can run here, without reaping or
 // keeping anything.
 func Check(cfg Config) moat.Availability {
-	a := moat.Availability{Level: moat.LevelSubprocess}
 	s, err := prepare(cfg)
 	if err != nil {
-		var ue *moat.UnavailableError
-		if errors.As(err, &ue) {
-			a.Reason, a.Remedy = ue.Reason, ue.Remedy
-			if ue.Err != nil {
-				a.Reason += ": " + ue.Err.Error()
-			}
-		} else {
-			a.Reason = err.Error()
-		}
-		return a
+		return moat.Unavailable(moat.LevelSubprocess, err)
 	}
-	a.Available = true
+	a := moat.Availability{Level: moat.LevelSubprocess, Available: true}
 	a.Reason = strings.Join(s.notes, "; ")
 	a.Details = s.details()
 	return a
@@ -438,18 +428,26 @@ func (s *Sandbox) Close() error {
 	return nil
 }
 
-// Run runs req.Code under python3; see moat.Sandbox for the contract.
-func (s *Sandbox) Run(ctx context.Context, req moat.Request) (*moat.Result, error) {
+// begin checks req and counts a run in, for Close to wait on; the caller
+// calls s.runs.Done when the run has ended.
+func (s *Sandbox) begin(req moat.Request) error {
 	if len(req.Code) == 0 {
-		return nil, fmt.Errorf("subprocess: empty code: %w", moat.ErrInvalid)
+		return fmt.Errorf("subprocess: empty code: %w", moat.ErrInvalid)
 	}
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.closed {
-		s.mu.Unlock()
-		return nil, fmt.Errorf("subprocess: %w", moat.ErrClosed)
+		return fmt.Errorf("subprocess: %w", moat.ErrClosed)
 	}
 	s.runs.Add(1)
-	s.mu.Unlock()
+	return nil
+}
+
+// Run runs req.Code under python3; see moat.Sandbox for the contract.
+func (s *Sandbox) Run(ctx context.Context, req moat.Request) (*moat.Result, error) {
+	if err := s.begin(req); err != nil {
+		return nil, err
+	}
 	defer s.runs.Done()
 	if err := ctx.Err(); err != nil {
 		return nil, err
