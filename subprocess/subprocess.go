@@ -21,6 +21,10 @@
 // If any of these cannot be applied, [New] and [Sandbox.Run] return an error
 // wrapping [moat.ErrUnavailable]; the level never runs code with less.
 //
+// A Sandbox is also a [moat.Sessioner]: a session keeps its tmpfs working
+// directory and its uid between runs, and optionally one live interpreter
+// (see session.go).
+//
 // The "tutorial" hardening keeps only plain rlimits (CPU, RLIMIT_AS for
 // memory, file size, open files, core dumps), to reproduce the usual
 // tutorial's baseline for comparison. It is never chosen implicitly.
@@ -294,10 +298,10 @@ func prepare(cfg Config) (*Sandbox, error) {
 	if _, err := seccomp.Filter(); err != nil {
 		return nil, unavailable("no seccomp filter for this architecture", "", err)
 	}
-	if mode, err := unix.PrctlRetInt(unix.PR_GET_SECCOMP, 0, 0, 0, 0); err != nil || mode != 0 {
-		if err != nil {
-			return nil, unavailable("the kernel has no seccomp", "use a kernel with CONFIG_SECCOMP_FILTER", err)
-		}
+	// PR_GET_SECCOMP fails with EINVAL on a kernel without seccomp. (A mode
+	// other than 0 means moat itself runs filtered, which only adds.)
+	if _, err := unix.PrctlRetInt(unix.PR_GET_SECCOMP, 0, 0, 0, 0); err != nil {
+		return nil, unavailable("the kernel has no seccomp", "use a kernel with CONFIG_SECCOMP_FILTER", err)
 	}
 	cg, err := cgroup.Detect("moat")
 	if err != nil {
