@@ -8,6 +8,7 @@ import (
 	"github.com/moatsandbox/moat/bench"
 	"github.com/moatsandbox/moat/container"
 	"github.com/moatsandbox/moat/gvisor"
+	"github.com/moatsandbox/moat/microvm"
 )
 
 func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
@@ -45,18 +46,31 @@ func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
 		python = bench.DefaultPython
 	}
 	var targets []bench.Target
+	var opened []moat.Sandbox
+	defer func() {
+		for _, sb := range opened {
+			sb.Close()
+		}
+	}()
 	for _, l := range lvls {
 		sb, err := openLevel(ctx, fc, l)
 		if err != nil {
 			return exitFor(stdio, err)
 		}
-		defer sb.Close()
+		opened = append(opened, sb)
 		t := bench.SandboxTarget(string(l), sb)
-		if g, ok := sb.(*gvisor.Sandbox); ok {
-			t.Note = "runsc " + g.Version() + ", platform " + string(g.Platform()) + ", sandboxes booted ahead of runs"
+		switch v := sb.(type) {
+		case *gvisor.Sandbox:
+			t.Note = "runsc " + v.Version() + ", platform " + string(v.Platform()) + ", sandboxes booted ahead of runs"
+		case *microvm.Sandbox:
+			t.Note = "accel " + string(v.Accel()) + ", restored from a saved template"
 		}
 		targets = append(targets, t)
-		targets = append(targets, extraBenchTargets(fc, l)...)
+		extra, err := extraBenchTargets(fc, l, &opened)
+		if err != nil {
+			return exitFor(stdio, err)
+		}
+		targets = append(targets, extra...)
 	}
 	rep, err := bench.Run(ctx, cfg, bench.PythonTarget(python), targets...)
 	if err != nil {
@@ -78,7 +92,7 @@ func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
 
 // extraBenchTargets adds the comparison rows a level brings (docker-cli
 // for container, microvm-cold for microvm).
-func extraBenchTargets(fc fileConfig, l moat.Level) []bench.Target {
+func extraBenchTargets(fc fileConfig, l moat.Level, closers *[]moat.Sandbox) ([]bench.Target, error) {
 	switch l {
 	case moat.LevelContainer:
 		cfg := fc.containerConfig()
@@ -87,7 +101,20 @@ func extraBenchTargets(fc fileConfig, l moat.Level) []bench.Target {
 			Level: moat.LevelContainer,
 			Note:  "the same hardened run through docker run --rm -i",
 			Run:   func(ctx context.Context) error { return container.CLIRun(ctx, cfg) },
-		}}
+		}}, nil
+	case moat.LevelMicroVM:
+		// A second sandbox that boots a fresh VM for every run, to show
+		// what restoring the template saves.
+		cfg := fc.microvmConfig()
+		cfg.Cold = true
+		cold, err := microvm.New(cfg)
+		if err != nil {
+			return nil, err
+		}
+		*closers = append(*closers, cold)
+		t := bench.SandboxTarget("microvm-cold", cold)
+		t.Note = "accel " + string(cold.Accel()) + ", a fresh VM booted for every run"
+		return []bench.Target{t}, nil
 	}
-	return nil
+	return nil, nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/moatsandbox/moat/attack"
 	"github.com/moatsandbox/moat/container"
 	"github.com/moatsandbox/moat/gvisor"
+	"github.com/moatsandbox/moat/microvm"
 	"github.com/moatsandbox/moat/subprocess"
 )
 
@@ -24,6 +25,7 @@ type fileConfig struct {
 	Subprocess subprocess.Config `json:"subprocess"`
 	Container  container.Config  `json:"container"`
 	GVisor     gvisor.Config     `json:"gvisor"`
+	MicroVM    microvm.Config    `json:"microvm"`
 }
 
 // sandboxFlags are the operator's choices that every command that runs code
@@ -177,7 +179,23 @@ func levelTable() []levelEntry {
 			},
 			claims: claimsAll,
 		},
+		{
+			level: moat.LevelMicroVM,
+			open: func(ctx context.Context, fc fileConfig) (moat.Sandbox, error) {
+				return microvm.New(fc.microvmConfig())
+			},
+			check: func(ctx context.Context, fc fileConfig) moat.Availability {
+				return microvm.Check(fc.microvmConfig())
+			},
+			claims: claimsAll,
+		},
 	}
+}
+
+func (fc fileConfig) microvmConfig() microvm.Config {
+	cfg := fc.MicroVM
+	cfg.Limits = fc.Limits
+	return cfg
 }
 
 func (fc fileConfig) containerConfig() container.Config {
