@@ -56,12 +56,19 @@ type kernel struct {
 // findKernel returns the kernel in dir (an extracted linux-image package,
 // or moat's own build: DIR/boot/vmlinuz-REL, DIR/boot/config-REL and, for
 // what is not built in, DIR/lib/modules/REL), or when dir is empty the
-// newest under STATE/microvm/kernels.
+// best under STATE/microvm/kernels: moat's minimal kernel (moat-*, made by
+// kernel/build.sh), which boots faster, else the newest Debian one.
 func findKernel(stateDir, dir string) (*kernel, error) {
 	dirs := []string{dir}
 	if dir == "" {
 		found, _ := filepath.Glob(filepath.Join(stateDir, "microvm", "kernels", "*"))
-		sort.Sort(sort.Reverse(sort.StringSlice(found)))
+		sort.Slice(found, func(i, j int) bool {
+			mi, mj := strings.HasPrefix(filepath.Base(found[i]), "moat-"), strings.HasPrefix(filepath.Base(found[j]), "moat-")
+			if mi != mj {
+				return mi
+			}
+			return found[i] > found[j]
+		})
 		dirs = found
 	}
 	var problems []string

@@ -32,7 +32,9 @@ import (
 type templateMeta struct {
 	Key       string    `json:"key"`
 	VMM       string    `json:"vmm"`
-	Kernel    string    `json:"kernel"`
+	Kernel    string    `json:"kernel"`       // the release the guest reported
+	Image     string    `json:"kernel_image"` // the kernel file it booted
+	Disk      string    `json:"disk"`
 	Accel     Accel     `json:"accel"`
 	MemoryMiB int       `json:"memory_mib"`
 	VCPUs     int       `json:"vcpus"`
@@ -161,7 +163,7 @@ func ensureTemplate(ctx context.Context, stateDir string, vmm VMM, spec VMSpec, 
 		return "", nil, fmt.Errorf("microvm: save the template: %w", err)
 	}
 	m := &templateMeta{
-		Key: key, VMM: vmm.Name(), Kernel: hello.Kernel, Accel: spec.Accel,
+		Key: key, VMM: vmm.Name(), Kernel: hello.Kernel, Image: spec.Kernel, Disk: spec.Disk, Accel: spec.Accel,
 		MemoryMiB: spec.MemoryMiB, VCPUs: spec.VCPUs,
 		BootMS: bootMS, GuestMS: hello.BootMS, SaveMS: saveMS, Size: st.Size(), Created: time.Now().UTC(),
 	}
@@ -177,8 +179,8 @@ func ensureTemplate(ctx context.Context, stateDir string, vmm VMM, spec VMSpec, 
 }
 
 // pruneTemplates removes the templates that m supersedes: those of the same
-// accelerator, memory and vCPUs, made from other inputs (an older agent,
-// kernel, disk or QEMU). Each is some 100MB. A sandbox still using one
+// kernel file, disk file, accelerator, memory and vCPUs, made when one of
+// them or the agent or QEMU was different. Each is some 100MB. A sandbox still using one
 // makes it again when it next needs it; runs restoring it at this moment
 // hold its state open and are not disturbed.
 func pruneTemplates(root string, m *templateMeta) {
@@ -189,7 +191,8 @@ func pruneTemplates(root string, m *templateMeta) {
 		}
 		dir := filepath.Join(root, e.Name())
 		old, err := readMeta(dir)
-		if err != nil || old.Accel != m.Accel || old.MemoryMiB != m.MemoryMiB || old.VCPUs != m.VCPUs {
+		if err != nil || old.Image != m.Image || old.Disk != m.Disk ||
+			old.Accel != m.Accel || old.MemoryMiB != m.MemoryMiB || old.VCPUs != m.VCPUs {
 			continue
 		}
 		unlock, err := lockFile(dir + ".lock")

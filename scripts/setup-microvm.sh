@@ -10,10 +10,16 @@
 #      current dependency) with apt-get download and extracts it into
 #      ${STATE}/microvm/kernels/RELEASE, without installing it as the host's
 #      kernel;
-#   3. builds the guest agent (static, CGO_ENABLED=0) into
+#   3. builds moat's minimal guest kernel from Debian's kernel source
+#      (linux-source-6.1, configured by microvm/kernel/guest.config) into
+#      ${STATE}/microvm/kernels/moat-6.1, unless it is there from the same
+#      config and source; it boots faster than the cloud kernel, which the
+#      level uses only when this one is missing (MOAT_GUEST_KERNEL=debian
+#      skips the build; a failed build is reported and skipped);
+#   4. builds the guest agent (static, CGO_ENABLED=0) into
 #      ${STATE}/microvm/bin/moat-guest-agent, for moat binaries that run far
 #      from their source (a moat run from this tree builds its own, cached);
-#   4. makes sure the shared image is built (moat image build; cached).
+#   5. makes sure the shared image is built (moat image build; cached).
 # The first sandbox then makes the initramfs, the root disk and the template
 # VM, and probes KVM, each once, cached in ${STATE}/microvm.
 #
@@ -76,7 +82,33 @@ else
 	say "guest kernel $release extracted into $kdir (not installed as the host's kernel)"
 fi
 
-# 3. The guest agent.
+# 3. moat's minimal guest kernel.
+if [ "${MOAT_GUEST_KERNEL:-minimal}" = debian ]; then
+	say "MOAT_GUEST_KERNEL=debian: not building the minimal kernel"
+	rm -rf "$STATE/microvm/kernels/moat-6.1"
+else
+	mdir=$STATE/microvm/kernels/moat-6.1
+	srcver=$(dpkg-query -W -f='${Version}' linux-source-6.1 2>/dev/null || apt-cache policy linux-source-6.1 | awk '/Candidate:/ {print $2}')
+	stamp=$( (cat microvm/kernel/guest.config microvm/kernel/build.sh; echo "$srcver") | sha256sum | cut -c1-16)
+	if [ -f "$mdir/moat-build" ] && [ "$(cat "$mdir/moat-build")" = "$stamp" ]; then
+		say "minimal guest kernel already built in $mdir"
+	else
+		say "building the minimal guest kernel (linux-source-6.1 $srcver, a few minutes)"
+		rm -rf "$mdir.tmp"
+		if bash microvm/kernel/build.sh "$mdir.tmp" >/tmp/moat-kernel-build.log 2>&1; then
+			echo "$stamp" >"$mdir.tmp/moat-build"
+			rm -rf "$mdir"
+			mv "$mdir.tmp" "$mdir"
+			say "minimal guest kernel built into $mdir"
+		else
+			rm -rf "$mdir.tmp"
+			tail -5 /tmp/moat-kernel-build.log >&2 || true
+			say "warning: the minimal kernel did not build (log: /tmp/moat-kernel-build.log); the level uses Debian's cloud kernel"
+		fi
+	fi
+fi
+
+# 4. The guest agent.
 if [ -x "$GO" ]; then
 	out=$STATE/microvm/bin/moat-guest-agent
 	mkdir -p "$(dirname "$out")"
@@ -88,15 +120,15 @@ else
 	say "no go toolchain: the guest agent is built by moat itself where its source is"
 fi
 
-# 4. The shared image.
+# 5. The shared image.
 if [ -x "$GO" ]; then
 	say "making sure the shared image is built (moat image build)"
-	if "$GO" run ./cmd/moat help 2>&1 | grep -qw image; then
-		"$GO" run ./cmd/moat image build
-	else
-		# This moat has no image command yet: build the root filesystem
-		# with package image directly.
-		"$GO" run ./microvm/internal/buildimage
+	# moat image build also imports the image into Docker; where no Docker
+	# engine answers, build the root filesystem alone, which is all this
+	# level reads.
+	if ! "$GO" run ./cmd/moat image build --state-dir "$STATE"; then
+		say "moat image build failed (no Docker engine?); building the root filesystem only"
+		STATE=$STATE "$GO" run ./microvm/internal/buildimage
 	fi
 else
 	say "no go toolchain: run 'moat image build' yourself"

@@ -13,7 +13,8 @@ import (
 )
 
 func main() {
-	rec, cached, err := image.BuildRootFS(context.Background(), image.Config{Progress: os.Stdout})
+	cfg := image.Config{Progress: os.Stdout, StateDir: os.Getenv("STATE")}
+	rec, cached, err := image.BuildRootFS(context.Background(), cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "buildimage:", err)
 		os.Exit(1)
