@@ -620,9 +620,7 @@ func (s *Sandbox) Run(ctx context.Context, req moat.Request) (*moat.Result, erro
 func (s *Sandbox) startVM(ctx context.Context) (VM, string, error) {
 	start := time.Now()
 	if s.cfg.Cold {
-		spec := s.spec
-		spec.Cmdline += " moat.nowarm"
-		vm, _, err := bootToHello(ctx, s.vmm, spec, time.Duration(s.cfg.BootTimeout))
+		vm, _, err := bootToHello(ctx, s.vmm, s.spec, time.Duration(s.cfg.BootTimeout))
 		if err != nil {
 			return nil, "", err
 		}

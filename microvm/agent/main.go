@@ -29,10 +29,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -85,8 +85,102 @@ func main() {
 }
 
 type agent struct {
-	port *os.File
-	mu   sync.Mutex // serializes frames on port
+	port   *os.File
+	mu     sync.Mutex // serializes frames on port
+	zygote *zygote
+}
+
+// zygoteSource is the Python program that waits, in the template, for the
+// path of the code on descriptor 3 and then runs the code as `python3 PATH`
+// would: as module __main__ with its own globals, sys.argv and sys.path[0]
+// set from PATH, the traceback of an uncaught exception printed by
+// sys.excepthook without the zygote's frame and exit status 1, SystemExit
+// handled by the interpreter. What it cannot make as a fresh interpreter
+// would: the string hash seed is the template's (the same in every run),
+// and the code runs one frame below the zygote's.
+const zygoteSource = `import os, sys
+def _moat_main():
+    with os.fdopen(3, 'rb') as f:
+        path = f.read().decode()
+    with open(path, 'rb') as f:
+        src = f.read()
+    main = type(sys)('__main__')
+    main.__file__ = path
+    main.__cached__ = None
+    main.__loader__ = type(__loader__)('__main__', path)
+    sys.modules['__main__'] = main
+    sys.argv[:] = [path]
+    sys.orig_argv[:] = [sys.orig_argv[0], path]
+    sys.path[0] = os.path.dirname(path)
+    try:
+        if b'\0' in src:
+            # What the interpreter's tokenizer says; compile() would raise
+            # ValueError instead.
+            i = src.index(b'\0')
+            line = src[src.rfind(b'\n', 0, i) + 1:].split(b'\n', 1)[0]
+            raise SyntaxError('source code cannot contain null bytes',
+                              (path, src.count(b'\n', 0, i) + 1, None, line.decode('utf-8', 'replace')))
+        code = compile(src, path, 'exec', dont_inherit=True)
+        exec(code, main.__dict__)
+    except SystemExit:
+        raise
+    except BaseException as e:
+        tb = e.__traceback__.tb_next
+        sys.excepthook(type(e), e.with_traceback(tb), tb)
+        return 1
+    return 0
+_moat_status = _moat_main()
+del _moat_main
+if _moat_status:
+    raise SystemExit(_moat_status)
+`
+
+// zygote is python3 waiting for its code.
+type zygote struct {
+	cmd       *exec.Cmd
+	start     *os.File // write the code's path and close: the code runs
+	out, errs *os.File // its stdout and stderr
+}
+
+// startZygote starts zygoteSource in the run's root, cgroup and uid.
+func startZygote() (*zygote, error) {
+	if err := os.WriteFile(newRoot+codeDir+"/zygote.py", []byte(zygoteSource), 0o444); err != nil {
+		return nil, err
+	}
+	cg, err := os.Open(runGroup)
+	if err != nil {
+		return nil, err
+	}
+	defer cg.Close()
+	goR, goW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer goR.Close()
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer outW.Close()
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer errW.Close()
+	devNull, err := os.Open("/dev/null")
+	if err != nil {
+		return nil, err
+	}
+	defer devNull.Close()
+	cmd := pythonCmd(codeDir + "/zygote.py")
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = devNull, outW, errW
+	cmd.ExtraFiles = []*os.File{goR}
+	cmd.SysProcAttr.UseCgroupFD = true
+	cmd.SysProcAttr.CgroupFD = int(cg.Fd())
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start python3: %w", err)
+	}
+	return &zygote{cmd: cmd, start: goW, out: outR, errs: errR}, nil
 }
 
 func (a *agent) send(k wire.Kind, p []byte) error {
@@ -182,15 +276,15 @@ func (a *agent) boot() error {
 	if err := prepareCgroup(); err != nil {
 		return err
 	}
-	// Read python3 and its standard library once, so that the page cache
-	// saved with the template holds them. A VM booted for one run only
-	// (moat.nowarm) skips it: the run reads them anyway.
-	if cmdline, _ := os.ReadFile("/proc/cmdline"); !slices.Contains(strings.Fields(string(cmdline)), "moat.nowarm") {
-		warm := pythonCmd("-c", "import encodings, io, os, sys, json, re")
-		if out, err := warm.CombinedOutput(); err != nil {
-			return fmt.Errorf("python3 does not start: %w: %s", err, out)
-		}
+	// python3 starts now, as the run's uid in the run's cgroup, and waits
+	// for its code: a VM restored from this one runs the code without
+	// starting the interpreter again (and the page cache saved with the
+	// template holds python3 and its standard library).
+	z, err := startZygote()
+	if err != nil {
+		return err
 	}
+	a.zygote = z
 	port, err := findPort(portName, 10*time.Second)
 	if err != nil {
 		return err
@@ -413,44 +507,31 @@ func (a *agent) run(r *wire.Run) (*wire.Exit, error) {
 	// No swap in the guest; this only makes sure where the kernel has it.
 	os.WriteFile(filepath.Join(runGroup, "memory.swap.max"), []byte("0"), 0)
 
-	cg, err := os.Open(runGroup)
-	if err != nil {
-		return nil, err
-	}
-	defer cg.Close()
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		return nil, err
-	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		return nil, err
-	}
-	devNull, err := os.Open("/dev/null")
-	if err != nil {
-		return nil, err
-	}
-	cmd := pythonCmd(codePath)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = devNull, outW, errW
-	cmd.SysProcAttr.UseCgroupFD = true
-	cmd.SysProcAttr.CgroupFD = int(cg.Fd())
-	start := time.Now()
+	z := a.zygote
+	pid := z.cmd.Process.Pid
+	// The CPU python3 used to start, in the template, is not the code's.
+	baseMS := cpuUsageMS()
 	// SIGXCPU at the CPU limit, SIGKILL a second later for code that
 	// ignores it; the cgroup's account bounds the tree as a whole.
-	cpuSec := uint64((r.CPUMS + 999) / 1000)
-	err = withRlimits([][3]uint64{
+	cpuSec := uint64((baseMS+999)/1000 + (r.CPUMS+999)/1000)
+	for _, rl := range [][3]uint64{
 		{unix.RLIMIT_CPU, cpuSec, cpuSec + 1},
 		{unix.RLIMIT_FSIZE, uint64(r.FileSize), uint64(r.FileSize)},
 		{unix.RLIMIT_NOFILE, uint64(r.OpenFiles), uint64(r.OpenFiles)},
 		{unix.RLIMIT_CORE, 0, 0},
-	}, cmd.Start)
-	outW.Close()
-	errW.Close()
-	devNull.Close()
-	if err != nil {
-		return nil, fmt.Errorf("start python3: %w", err)
+	} {
+		if err := unix.Prlimit(pid, int(rl[0]), &unix.Rlimit{Cur: rl[1], Max: rl[2]}, nil); err != nil {
+			return nil, fmt.Errorf("rlimit %d of python3: %w", rl[0], err)
+		}
 	}
+	start := time.Now()
+	if _, err := z.start.WriteString(codePath); err != nil {
+		return nil, fmt.Errorf("start the code: %w", err)
+	}
+	z.start.Close()
 	a.send(wire.KindStarted, nil)
+	outR, errR := z.out, z.errs
+	cmd := z.cmd
 
 	var pumps sync.WaitGroup
 	for _, s := range []struct {
@@ -472,10 +553,9 @@ func (a *agent) run(r *wire.Run) (*wire.Exit, error) {
 	}
 
 	// The wall and CPU time of the whole run, children included.
-	var timedOut sync.Once
-	over := false
+	var over atomic.Bool
 	kill := func() {
-		timedOut.Do(func() { over = true })
+		over.Store(true)
 		killGroup()
 	}
 	done := make(chan struct{})
@@ -492,7 +572,7 @@ func (a *agent) run(r *wire.Run) (*wire.Exit, error) {
 				kill()
 				return
 			case <-tick.C:
-				if cpuUsageMS() >= r.CPUMS {
+				if cpuUsageMS()-baseMS >= r.CPUMS {
 					kill()
 					return
 				}
@@ -511,7 +591,7 @@ func (a *agent) run(r *wire.Run) (*wire.Exit, error) {
 	case <-time.After(2 * time.Second):
 	}
 
-	exit := &wire.Exit{CPUMS: cpuUsageMS(), WallMS: wallMS}
+	exit := &wire.Exit{CPUMS: cpuUsageMS() - baseMS, WallMS: wallMS}
 	ws, _ := cmd.ProcessState.Sys().(syscall.WaitStatus)
 	if waitErr != nil && cmd.ProcessState == nil {
 		return nil, fmt.Errorf("wait for python3: %w", waitErr)
@@ -525,7 +605,7 @@ func (a *agent) run(r *wire.Run) (*wire.Exit, error) {
 	}
 	sig := ws.Signaled()
 	switch {
-	case over:
+	case over.Load():
 		exit.Reason = "timeout"
 	case sig && (ws.Signal() == unix.SIGXCPU || (ws.Signal() == unix.SIGKILL && exit.CPUMS >= r.CPUMS)):
 		exit.Reason = "timeout"
@@ -561,31 +641,6 @@ func pythonCmd(args ...string) *exec.Cmd {
 			Setsid:     true,
 		},
 	}
-}
-
-// withRlimits runs f, which starts the run's process, with the agent's own
-// rlimits set to rl, so that the process inherits them, and puts the
-// agent's back afterwards.
-func withRlimits(rl [][3]uint64, f func() error) error {
-	// syscall's Setrlimit, not unix's: it also drops the limit Go saved at
-	// start-up to give children back, so that children get these.
-	old := make([]syscall.Rlimit, len(rl))
-	for i, r := range rl {
-		if err := syscall.Getrlimit(int(r[0]), &old[i]); err != nil {
-			return err
-		}
-	}
-	defer func() {
-		for i, r := range rl {
-			syscall.Setrlimit(int(r[0]), &old[i])
-		}
-	}()
-	for _, r := range rl {
-		if err := syscall.Setrlimit(int(r[0]), &syscall.Rlimit{Cur: r[1], Max: r[2]}); err != nil {
-			return fmt.Errorf("rlimit %d: %w", r[0], err)
-		}
-	}
-	return f()
 }
 
 func killGroup() {
