@@ -1,6 +1,7 @@
 package microvm
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -146,7 +147,7 @@ func TestRestore(t *testing.T) {
 	if sb.tmpl == "" || sb.meta == nil {
 		t.Fatal("the sandbox has no template")
 	}
-	code := "import os, time; print(os.urandom(16).hex(), time.time())"
+	code := "import os, random, time; print(os.urandom(8).hex() + '%x' % random.getrandbits(64), time.time())"
 	var seen []string
 	for i := 0; i < 2; i++ {
 		before := float64(time.Now().UnixNano()) / 1e9
@@ -220,5 +221,41 @@ func TestCold(t *testing.T) {
 	}
 	if left := leftovers(); len(left) > 0 {
 		t.Errorf("VMs left after the run: %v", left)
+	}
+}
+
+// The code runs as `python3 FILE` runs it, though the interpreter started
+// in the template: as __main__, with its own globals and argv, and a
+// traceback that shows only its own frames.
+func TestRunsAsScript(t *testing.T) {
+	sb := open(t, requireVMs(t), moat.Limits{})
+	res, err := sb.Run(context.Background(), moat.Request{Code: []byte(`
+import json, sys
+print(json.dumps({"name": __name__, "argv": sys.argv, "file": __file__, "path0": sys.path[0],
+    "globals": sorted(k for k in globals() if not k.startswith("__")),
+    "main": sys.modules["__main__"].__dict__ is globals()}))
+def f():
+    raise KeyError("deep")
+f()
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Name, File, Path0 string
+		Argv, Globals     []string
+		Main              bool
+	}
+	if err := json.Unmarshal(bytes.SplitN(res.Stdout, []byte("\n"), 2)[0], &got); err != nil {
+		t.Fatalf("output %q: %v", res.Stdout, err)
+	}
+	if got.Name != "__main__" || len(got.Argv) != 1 || got.Argv[0] != got.File || got.Path0 != filepath.Dir(got.File) ||
+		!slices.Equal(got.Globals, []string{"json", "sys"}) || !got.Main {
+		t.Errorf("the code's view of itself: %+v; want __main__, argv [__file__], sys.path[0] its directory, only its own globals", got)
+	}
+	stderr := string(res.Stderr)
+	if res.ExitCode != 1 || strings.Count(stderr, "File ") != 2 || !strings.Contains(stderr, "in f\n") ||
+		!strings.HasSuffix(stderr, "KeyError: 'deep'\n") || strings.Contains(stderr, "zygote") {
+		t.Errorf("an uncaught exception two frames deep: exit %d, stderr %q; want exit 1 and a traceback of the code's two frames only", res.ExitCode, stderr)
 	}
 }

@@ -3,19 +3,20 @@
 // initramfs that moat generates.
 //
 // At boot it mounts what the guest needs, loads the kernel modules listed in
-// /modules/order (virtio-mmio, virtio-blk, virtio-console, overlay), mounts
-// the shared root filesystem read-only from /dev/vda under a writable tmpfs
-// layer (overlayfs), prepares a cgroup for the run, opens the virtio-serial
-// port named moat.agent and says Hello. moat saves the VM at that point and
-// starts every sandbox as a restore of it.
+// /modules/order (virtio-mmio, virtio-blk, virtio-console, overlay; none for
+// a kernel that has them built in), mounts the shared root filesystem
+// read-only from /dev/vda under a writable tmpfs layer (overlayfs), prepares
+// a cgroup for the run, starts python3 in it (chrooted into the root
+// filesystem, as an unprivileged uid) to wait for its code, opens the
+// virtio-serial port named moat.agent and says Hello. moat saves the VM at
+// that point and starts every sandbox as a restore of it.
 //
 // After the restore, moat sends one Run: the agent sets the clock, reseeds
 // the kernel's random generator, sizes the writable layer to the disk limit,
-// sets the cgroup's memory and process limits and starts python3 in that
-// cgroup, chrooted into the root filesystem, as an unprivileged uid, with
-// the run's rlimits. It streams stdout and stderr to the host, enforces the
-// wall and CPU time, and reports how the code ended. The VM serves one run
-// and is thrown away.
+// sets the cgroup's memory and process limits and python3's rlimits, and
+// hands python3 the code. It streams stdout and stderr to the host, enforces
+// the wall and CPU time, and reports how the code ended. The VM serves one
+// run and is thrown away.
 package main
 
 import (
