@@ -186,10 +186,11 @@ func ensureAgent(ctx context.Context, stateDir, configured string) (string, erro
 		return out, nil
 	}
 	return out, lockedBuild(out, func(tmp string) error {
-		goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
-		if _, err := os.Stat(goBin); err != nil {
-			if goBin, err = exec.LookPath("go"); err != nil {
-				return fmt.Errorf("no go toolchain to build the guest agent (run scripts/setup-microvm.sh to install one): %w", err)
+		goBin, err := exec.LookPath("go")
+		if err != nil {
+			goBin = "/usr/local/go/bin/go"
+			if _, e := os.Stat(goBin); e != nil {
+				return fmt.Errorf("no go toolchain to build the guest agent (install Go, or run scripts/setup-microvm.sh where one is): %w", err)
 			}
 		}
 		cmd := exec.CommandContext(ctx, goBin, "build", "-trimpath", "-ldflags=-s -w", "-o", tmp, ".")
