@@ -360,6 +360,19 @@ func Check(cfg Config) moat.Availability {
 	a.Available = true
 	a.Reason = s.accel
 	a.Details = s.details()
+	switch key, err := templateKey(s.vmm, s.spec); {
+	case cfg.Cold:
+	case err != nil:
+		a.Details = append(a.Details, "template: "+err.Error())
+	default:
+		dir := filepath.Join(cfg.StateDir, "microvm", "templates", key)
+		if m, err := readMeta(dir); err == nil {
+			a.Details = append(a.Details, fmt.Sprintf("template: %s, made %s (cold boot %d ms, save %d ms, %d bytes)",
+				dir, m.Created.Format(time.RFC3339), m.BootMS, m.SaveMS, m.Size))
+		} else {
+			a.Details = append(a.Details, "template: not made yet (the first sandbox boots and saves it, once)")
+		}
+	}
 	return a
 }
 
@@ -451,7 +464,7 @@ func prepare(ctx context.Context, cfg Config, log *slog.Logger) (*Sandbox, error
 			s.accel = "kvm (" + p.Reason + ")"
 			s.vmm.Credentials = s.credentials([]uint32{gid})
 		case cfg.RequireKVM || cfg.Accel == AccelKVM:
-			return nil, unavailable("KVM cannot run the guest: "+p.Reason, "run on a host with hardware virtualization that boots stock kernels, or drop require_kvm to accept emulation (about 40x slower)", nil)
+			return nil, unavailable("KVM cannot run the guest: "+p.Reason, "run on a host whose KVM boots this guest kernel, or drop require_kvm to accept emulation (about 40x slower)", nil)
 		default:
 			s.spec.Accel = AccelTCG
 			s.accel = "tcg (software emulation, about 40x slower than KVM: " + p.Reason + ")"

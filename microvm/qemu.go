@@ -75,9 +75,6 @@ func (q *QEMU) args(spec VMSpec, tag string) []string {
 	if spec.NoACPI {
 		machine += ",acpi=off"
 	}
-	if spec.MemoryFile != "" {
-		machine += ",memory-backend=ram"
-	}
 	a := []string{
 		"-name", tag,
 		"-nodefaults", "-no-user-config", "-display", "none", "-nic", "none",
@@ -101,13 +98,6 @@ func (q *QEMU) args(spec VMSpec, tag string) []string {
 		a = append(a, "-chardev", "socket,id=con,fd="+strconv.Itoa(fdExtra), "-serial", "chardev:con")
 	} else {
 		a = append(a, "-chardev", "null,id=con", "-serial", "chardev:con")
-	}
-	if spec.MemoryFile != "" {
-		share := "off"
-		if spec.Restore == "" {
-			share = "on"
-		}
-		a = append(a, "-object", "memory-backend-file,id=ram,size="+mem+",mem-path="+escapeOpt(spec.MemoryFile)+",share="+share)
 	}
 	if spec.Restore != "" {
 		a = append(a, "-incoming", "fd:"+strconv.Itoa(fdExtra))

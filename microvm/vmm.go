@@ -49,12 +49,6 @@ type VMSpec struct {
 	// ACPI, which then finds its virtio-mmio devices on the command line.
 	NoACPI bool
 
-	// MemoryFile backs the guest's RAM. A template boot maps it shared,
-	// so that the saved memory is the file itself; a restore maps it
-	// private, so that each clone reads the template's pages from the
-	// page cache and copies only those it writes. Empty means anonymous
-	// memory, saved into the state file.
-	MemoryFile string
 	// Restore is a state file saved by [VM.Save]. The VM starts paused
 	// from it; [VM.Resume] lets it run.
 	Restore string
