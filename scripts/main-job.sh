@@ -4,6 +4,8 @@
 # here, plus the tutorial baseline as an ordinary user, for comparison.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Go as the machine ships it, where it is not on PATH yet.
+[ -x /usr/local/go/bin/go ] && export PATH="$PATH:/usr/local/go/bin"
 bash scripts/setup.sh
 moat=$PWD/bin/moat
 

@@ -13,6 +13,8 @@
 # levels' set-up (their tests then fail in CI, by design).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Go as the machine ships it, where it is not on PATH yet.
+[ -x /usr/local/go/bin/go ] && export PATH="$PATH:/usr/local/go/bin"
 
 say() { printf 'setup: %s\n' "$*"; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
