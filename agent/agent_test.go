@@ -19,12 +19,13 @@ import (
 
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/sandboxtest"
 	"github.com/moatsandbox/moat/subprocess"
 	"github.com/moatsandbox/moat/tool"
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(checkNoChildren(m.Run()))
+	os.Exit(sandboxtest.CheckNoChildren(m.Run(), 2*time.Second))
 }
 
 // response is one recorded Messages API response.
@@ -547,38 +548,4 @@ func TestConfigValidate(t *testing.T) {
 	if err := (Config{APIKey: "k"}).Validate(); err != nil {
 		t.Errorf("Validate of the zero config with a key: %v", err)
 	}
-}
-
-// children lists this process's child processes that are still there
-// (zombies are reaped by their owners' Wait and are not counted).
-func children() []string {
-	var out []string
-	tasks, _ := filepath.Glob("/proc/self/task/*/children")
-	for _, f := range tasks {
-		b, _ := os.ReadFile(f)
-		for _, pid := range strings.Fields(string(b)) {
-			stat, _ := os.ReadFile("/proc/" + pid + "/stat")
-			if fields := strings.Fields(string(stat)); len(fields) > 2 && fields[2] == "Z" {
-				continue
-			}
-			cmd, _ := os.ReadFile("/proc/" + pid + "/cmdline")
-			out = append(out, pid+" "+strings.ReplaceAll(strings.TrimRight(string(cmd), "\x00"), "\x00", " "))
-		}
-	}
-	return out
-}
-
-// checkNoChildren fails the suite if a process it started outlives it.
-func checkNoChildren(code int) int {
-	if code != 0 {
-		return code
-	}
-	for range 20 {
-		if len(children()) == 0 {
-			return 0
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	fmt.Fprintf(os.Stderr, "processes left after the tests: %q\n", children())
-	return 1
 }

@@ -15,48 +15,18 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/sandboxtest"
 )
 
 // TestMain checks, after the suite, that no child process of the test
 // binary is left: every program a test ran is gone.
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if code == 0 {
-		if kids := children(os.Getpid()); len(kids) > 0 {
-			fmt.Fprintf(os.Stderr, "child processes left after the tests: %v\n", kids)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
-
-// children returns the live child processes of pid.
-func children(pid int) []int {
-	ents, _ := os.ReadDir("/proc")
-	var kids []int
-	for _, e := range ents {
-		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		i := bytes.LastIndexByte(stat, ')')
-		var state byte
-		var ppid int
-		if i < 0 || func() bool { _, err := fmt.Sscanf(string(stat[i+2:]), "%c %d", &state, &ppid); return err != nil }() {
-			continue
-		}
-		if ppid == pid && state != 'Z' {
-			kid, _ := strconv.Atoi(e.Name())
-			kids = append(kids, kid)
-		}
-	}
-	return kids
+	os.Exit(sandboxtest.CheckNoChildren(m.Run(), 0))
 }
 
 func plant(t *testing.T) *Env {

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +16,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/sandboxtest"
 	"github.com/moatsandbox/moat/subprocess"
 	"github.com/moatsandbox/moat/tool"
 )
@@ -29,7 +29,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(envServe) == "stdio" {
 		os.Exit(serveStdio())
 	}
-	os.Exit(checkNoChildren(m.Run()))
+	os.Exit(sandboxtest.CheckNoChildren(m.Run(), 2*time.Second))
 }
 
 // serveStdio serves the real subprocess level over stdin and stdout, as
@@ -347,38 +347,4 @@ func TestNewValidates(t *testing.T) {
 
 func slogToStderr() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-}
-
-// children lists this process's child processes that are still there
-// (zombies are reaped by their owners' Wait and are not counted).
-func children() []string {
-	var out []string
-	tasks, _ := filepath.Glob("/proc/self/task/*/children")
-	for _, f := range tasks {
-		b, _ := os.ReadFile(f)
-		for _, pid := range strings.Fields(string(b)) {
-			stat, _ := os.ReadFile("/proc/" + pid + "/stat")
-			if fields := strings.Fields(string(stat)); len(fields) > 2 && fields[2] == "Z" {
-				continue
-			}
-			cmd, _ := os.ReadFile("/proc/" + pid + "/cmdline")
-			out = append(out, pid+" "+strings.ReplaceAll(strings.TrimRight(string(cmd), "\x00"), "\x00", " "))
-		}
-	}
-	return out
-}
-
-// checkNoChildren fails the suite if a process it started outlives it.
-func checkNoChildren(code int) int {
-	if code != 0 {
-		return code
-	}
-	for range 20 {
-		if len(children()) == 0 {
-			return 0
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	fmt.Fprintf(os.Stderr, "processes left after the tests: %q\n", children())
-	return 1
 }

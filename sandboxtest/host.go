@@ -313,3 +313,44 @@ func leakedGoroutines(before map[int64]bool, now []goroutine) []goroutine {
 	}
 	return leaked
 }
+
+// ChildrenLeft waits up to wait for the test process's child processes to
+// end and describes those still alive then. A zombie is not counted: the
+// code that started it has yet to wait for it, and it holds nothing but its
+// pid. It lets a package outside the suite check that what it started is
+// gone.
+func ChildrenLeft(wait time.Duration) []string {
+	return eventually(wait, func() []string {
+		kids, err := childrenOf(procRoot, os.Getpid())
+		if err != nil {
+			return []string{err.Error()}
+		}
+		var live []string
+		for _, p := range kids {
+			if p.State != "Z" {
+				live = append(live, p.String())
+			}
+		}
+		return live
+	})
+}
+
+// CheckNoChildren is for a test binary's TestMain, given the code of m.Run:
+//
+//	func TestMain(m *testing.M) {
+//		os.Exit(sandboxtest.CheckNoChildren(m.Run(), 2*time.Second))
+//	}
+//
+// When the tests passed, it waits up to wait for the test process's
+// children to end ([ChildrenLeft]); if one is still alive, it lists them on
+// standard error and returns 1. Otherwise it returns code.
+func CheckNoChildren(code int, wait time.Duration) int {
+	if code != 0 {
+		return code
+	}
+	if left := ChildrenLeft(wait); len(left) > 0 {
+		fmt.Fprintf(os.Stderr, "child processes left after the tests:\n\t%s\n", strings.Join(left, "\n\t"))
+		return 1
+	}
+	return 0
+}

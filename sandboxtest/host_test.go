@@ -2,6 +2,7 @@ package sandboxtest
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -155,6 +156,28 @@ func TestProcessesRealProc(t *testing.T) {
 	kids, _ = childrenOf(procRoot, os.Getpid())
 	if slices.ContainsFunc(kids, func(p process) bool { return p.PID == pid }) {
 		t.Errorf("childrenOf(self) still holds %d after Wait: %v", pid, kids)
+	}
+}
+
+func TestChildrenLeft(t *testing.T) {
+	marker := token("moatkids")
+	cmd := startMarked(t, marker)
+	left := ChildrenLeft(0)
+	if !slices.ContainsFunc(left, func(s string) bool { return strings.Contains(s, marker) }) {
+		t.Errorf("ChildrenLeft with a live child = %q, want it listed", left)
+	}
+	if code := CheckNoChildren(0, 0); code != 1 {
+		t.Errorf("CheckNoChildren(0) with a live child = %d, want 1", code)
+	}
+	if code := CheckNoChildren(3, 0); code != 3 {
+		t.Errorf("CheckNoChildren(3) = %d, want the tests' own code", code)
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	// Killed, not yet waited for: a zombie, which is not counted.
+	if left := ChildrenLeft(2 * time.Second); slices.ContainsFunc(left, func(s string) bool { return strings.Contains(s, fmt.Sprintf("pid %d ", cmd.Process.Pid)) }) {
+		t.Errorf("ChildrenLeft after the kill = %q, want the child gone", left)
 	}
 }
 
