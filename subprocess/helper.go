@@ -91,11 +91,14 @@ func helperMain() int {
 	if err != nil || len(arg) == 0 {
 		return 0 // discarded before any run: nothing to do
 	}
-	// python3 must not inherit the status pipe.
-	unix.CloseOnExec(statusFD)
 	fail := func(step string, err error) int {
 		fmt.Fprintf(status, "error %s: %v\n", step, err)
 		return 125
+	}
+	// python3 gets fds 0, 1 and 2 only: not the status pipe, and not what
+	// moat itself inherited without close-on-exec, which exec.Cmd passes on.
+	if err := closeOnExecFrom(statusFD); err != nil {
+		return fail("close-on-exec", err)
 	}
 	var sp spec
 	if err := json.Unmarshal(arg, &sp); err != nil {
@@ -177,6 +180,25 @@ func helperMain() int {
 		}
 		return 0
 	}
+}
+
+// closeOnExecFrom marks every file descriptor from first on close-on-exec.
+func closeOnExecFrom(first int) error {
+	err := unix.CloseRange(uint(first), ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
+	if err == nil || !(errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EINVAL)) {
+		return err
+	}
+	// Before Linux 5.11: one at a time.
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd >= first {
+			unix.CloseOnExec(fd)
+		}
+	}
+	return nil
 }
 
 // prlimit is util-linux's prlimit(1), which sets a limit on itself and
