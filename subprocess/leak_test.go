@@ -3,6 +3,7 @@ package subprocess_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -50,4 +51,51 @@ func TestNoInheritedFD(t *testing.T) {
 	if got := out(srun(t, ss, code)); got != "closed" {
 		t.Errorf("session interpreter: inherited fd %d is %s", fd, got)
 	}
+}
+
+// sysvShmCode creates a System V shared memory segment under key and prints
+// its id.
+const sysvShmCode = `import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+print(libc.shmget(%d, 4096, 0o1666))
+`
+
+// TestSysVIPCDiesWithTheRun checks that System V IPC objects the code makes
+// (which outlive their processes and are shared by uid, not by run) are
+// gone with the run, and never in the host's IPC namespace.
+func TestSysVIPCDiesWithTheRun(t *testing.T) {
+	requireRoot(t)
+	sb, err := subprocess.New(subprocess.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	key := 0x6d6f0000 + os.Getpid()%0xffff
+	res := run(t, sb, fmt.Sprintf(sysvShmCode, key))
+	if id := strings.TrimSpace(string(res.Stdout)); id == "-1" || id == "" {
+		t.Fatalf("positive control: shmget in the sandbox failed: %q %s", res.Stdout, res.Stderr)
+	}
+	if hostHasShmKey(t, key) {
+		t.Errorf("a System V segment of key %#x made by a run is in the host's IPC namespace", key)
+	}
+}
+
+// hostHasShmKey reports whether this IPC namespace has a segment of key.
+func hostHasShmKey(t *testing.T, key int) bool {
+	t.Helper()
+	data, err := os.ReadFile("/proc/sysvipc/shm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) > 0 && f[0] == fmt.Sprint(key) {
+			id := 0
+			fmt.Sscan(f[1], &id)
+			// Remove it, so that a failure does not leak it past the test.
+			syscall.Syscall(syscall.SYS_SHMCTL, uintptr(id), 0 /* IPC_RMID */, 0)
+			return true
+		}
+	}
+	return false
 }

@@ -811,20 +811,9 @@ func (ss *Session) startInterpreter() (*interpreter, error) {
 
 	// The same helper as a one-shot run's (see warm.go), with the control
 	// socket as its stdin, which python3 inherits.
-	cmd := exec.Command("/proc/self/exe")
-	cmd.Args = []string{helperArg0}
-	cmd.Env = []string{}
-	cmd.Dir = "/"
+	cmd := s.helperCmd()
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = child, childEnds[0], childEnds[1]
 	cmd.ExtraFiles = []*os.File{statusW, specR} // fds 3 and 4
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if s.root {
-		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWPID
-	} else {
-		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWUSER | syscall.CLONE_NEWPID
-		cmd.SysProcAttr.UidMappings = []syscall.SysProcIDMap{{ContainerID: os.Getuid(), HostID: os.Getuid(), Size: 1}}
-		cmd.SysProcAttr.GidMappings = []syscall.SysProcIDMap{{ContainerID: os.Getgid(), HostID: os.Getgid(), Size: 1}}
-	}
 	if err := cmd.Start(); err != nil {
 		readers[0].Close()
 		readers[1].Close()

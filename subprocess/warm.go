@@ -44,27 +44,9 @@ func (s *Sandbox) startHelper() (*helperProc, error) {
 	outR, outW := files[4], files[5]
 	errR, errW := files[6], files[7]
 
-	cmd := &exec.Cmd{
-		Path:       "/proc/self/exe",
-		Args:       []string{helperArg0},
-		Env:        []string{}, // nothing of moat's environment
-		Dir:        "/",
-		Stdout:     outW,
-		Stderr:     errW,
-		ExtraFiles: []*os.File{statusW, specR}, // fds 3 and 4
-		SysProcAttr: &syscall.SysProcAttr{
-			// The helper dies with moat; python3 dies with the helper,
-			// which is the init of its PID namespace.
-			Pdeathsig: syscall.SIGKILL,
-		},
-	}
-	if s.root {
-		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWPID
-	} else {
-		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWUSER | syscall.CLONE_NEWPID
-		cmd.SysProcAttr.UidMappings = []syscall.SysProcIDMap{{ContainerID: os.Getuid(), HostID: os.Getuid(), Size: 1}}
-		cmd.SysProcAttr.GidMappings = []syscall.SysProcIDMap{{ContainerID: os.Getgid(), HostID: os.Getgid(), Size: 1}}
-	}
+	cmd := s.helperCmd()
+	cmd.Stdout, cmd.Stderr = outW, errW
+	cmd.ExtraFiles = []*os.File{statusW, specR} // fds 3 and 4
 	err := cmd.Start()
 	// The helper holds its ends now; ours would keep the pipes open.
 	closeAll([]*os.File{specR, statusW, outW, errW})
@@ -73,6 +55,33 @@ func (s *Sandbox) startHelper() (*helperProc, error) {
 		return nil, unavailable("cannot start the sandbox helper", "", err)
 	}
 	return &helperProc{cmd: cmd, spec: specW, status: statusR, stdout: outR, stderr: errR}, nil
+}
+
+// helperCmd returns the command of a helper, for Start once its files are
+// set. It runs in fresh PID and IPC namespaces (and a user namespace mapping
+// only moat's ids when moat is not root): the run's processes die with the
+// helper, and so do the System V IPC objects and POSIX message queues they
+// made, which would otherwise outlive the run and be open to the next runs
+// of the same uid.
+func (s *Sandbox) helperCmd() *exec.Cmd {
+	cmd := &exec.Cmd{
+		Path: "/proc/self/exe",
+		Args: []string{helperArg0},
+		Env:  []string{}, // nothing of moat's environment
+		Dir:  "/",
+		SysProcAttr: &syscall.SysProcAttr{
+			// The helper dies with moat; python3 dies with the helper,
+			// which is the init of its PID namespace.
+			Pdeathsig:  syscall.SIGKILL,
+			Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWIPC,
+		},
+	}
+	if !s.root {
+		cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWUSER
+		cmd.SysProcAttr.UidMappings = []syscall.SysProcIDMap{{ContainerID: os.Getuid(), HostID: os.Getuid(), Size: 1}}
+		cmd.SysProcAttr.GidMappings = []syscall.SysProcIDMap{{ContainerID: os.Getgid(), HostID: os.Getgid(), Size: 1}}
+	}
+	return cmd
 }
 
 // takeHelper returns a waiting helper, or starts one, and starts the next
