@@ -56,11 +56,7 @@ func probe(ctx context.Context, cli *client.Client, cfg Config) (*engine, error)
 		return nil, unavailable("the Docker engine does not say what it is", "check dockerd's log", err)
 	}
 	e.version = info.ServerVersion
-	for _, o := range info.SecurityOptions {
-		if strings.HasPrefix(o, "name=seccomp") {
-			e.seccomp = true
-		}
-	}
+	e.seccomp = seccompConfined(info.SecurityOptions)
 	for name := range info.Runtimes {
 		e.runtimes = append(e.runtimes, name)
 	}
@@ -98,6 +94,25 @@ func probe(ctx context.Context, cli *client.Client, cfg Config) (*engine, error)
 		return nil, unavailable("the Docker engine cannot inspect image "+cfg.Image, "check dockerd's log", err)
 	}
 	return e, nil
+}
+
+// seccompConfined reports whether the engine's security options (e.g.
+// "name=seccomp,profile=builtin") say that it applies a seccomp profile to
+// the containers that name none, as moat's do. A daemon started with
+// --seccomp-profile=unconfined lists seccomp too, with that profile: its
+// containers run without a filter, so it does not count.
+func seccompConfined(opts []string) bool {
+	for _, o := range opts {
+		fields := map[string]string{}
+		for _, kv := range strings.Split(o, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			fields[k] = v
+		}
+		if fields["name"] == "seccomp" {
+			return fields["profile"] != "unconfined"
+		}
+	}
+	return false
 }
 
 func firstNonEmpty(s ...string) string {
@@ -212,9 +227,9 @@ func Check(ctx context.Context, cfg Config) moat.Availability {
 		a.Details = append(a.Details, fmt.Sprintf("the engine's own runc: %s: %s (moat does not use it)", firstNonEmpty(e.defaultRunc, "?"), fix(e.defaultRunc)))
 	}
 	if e.seccomp {
-		a.Details = append(a.Details, "seccomp: the engine applies its default profile")
+		a.Details = append(a.Details, "seccomp: the engine applies a profile to every container")
 	} else {
-		a.Details = append(a.Details, "seccomp: MISSING in the engine")
+		a.Details = append(a.Details, "seccomp: MISSING in the engine, or containers run unconfined")
 	}
 	st := image.GetStatus(ctx, image.Config{})
 	if st.Exists {
@@ -228,22 +243,35 @@ func Check(ctx context.Context, cfg Config) moat.Availability {
 		a.Details = append(a.Details, fmt.Sprintf("image: %s is not in the engine", cfg.Image))
 	}
 
-	switch {
-	case !e.seccomp:
-		a.Reason, a.Remedy = "the Docker engine has no seccomp support", "use a dockerd built with seccomp (Debian's docker.io is)"
-	case !e.runtimeFixed && !cfg.AllowVulnerableRuntime:
-		a.Reason = fmt.Sprintf("runtime %s is %s, older than the fixes for the November 2025 container escapes", e.runtime, e.runtimeVersionText())
-		a.Remedy = "run scripts/setup-docker.sh (as root) to build and register runc-moat"
-	case !e.imagePresent:
-		a.Reason, a.Remedy = "image "+cfg.Image+" is not built", "run 'moat image build' (as root)"
-	default:
-		a.Available = true
-		if os.Geteuid() != 0 {
-			a.Reason = "moat is not root: the CPU time of a whole process tree is not watched and the pids, filesize and disk reasons are not reported"
-		}
-		if !e.runtimeFixed {
-			a.Reason = fmt.Sprintf("runs on %s, older than the November 2025 fixes, because the operator allowed it", e.runtimeVersionText())
-		}
+	if err := e.refusal(cfg); err != nil {
+		u := err.(*moat.UnavailableError)
+		a.Reason, a.Remedy = u.Reason, u.Remedy
+		return a
+	}
+	a.Available = true
+	if os.Geteuid() != 0 {
+		a.Reason = "moat is not root: the CPU time of a whole process tree is not watched and the pids, filesize and disk reasons are not reported"
+	}
+	if !e.runtimeFixed {
+		a.Reason = fmt.Sprintf("runs on %s, older than the November 2025 fixes, because the operator allowed it", e.runtimeVersionText())
 	}
 	return a
+}
+
+// refusal returns the unavailable error that keeps a Sandbox with cfg from
+// running on this engine, or nil: no seccomp (or containers unconfined), a
+// runc without the November 2025 fixes that the operator did not allow, or
+// no image. New, CLIArgs and Check refuse alike.
+func (e *engine) refusal(cfg Config) error {
+	switch {
+	case !e.seccomp:
+		return unavailable("the Docker engine applies no seccomp profile (it has no seccomp support, or runs containers unconfined)",
+			"use a dockerd built with seccomp (Debian's docker.io is), without --seccomp-profile=unconfined", nil)
+	case !e.runtimeFixed && !cfg.AllowVulnerableRuntime:
+		return unavailable(fmt.Sprintf("runtime %q is %s, older than the fixes for the November 2025 container escapes", e.runtime, e.runtimeVersionText()),
+			"run scripts/setup-docker.sh (as root) to build and register runc-moat, or set AllowVulnerableRuntime", nil)
+	case !e.imagePresent:
+		return unavailable(fmt.Sprintf("image %s is not in the Docker engine", cfg.Image), "run 'moat image build' (as root)", nil)
+	}
+	return nil
 }

@@ -34,9 +34,8 @@ func CLIArgs(ctx context.Context, cfg Config) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !eng.runtimeFixed && !cfg.AllowVulnerableRuntime {
-		return nil, unavailable(fmt.Sprintf("runtime %q is %s, older than the fixes for the November 2025 container escapes", eng.runtime, eng.runtimeVersionText()),
-			"run scripts/setup-docker.sh to build and register runc-moat, or set AllowVulnerableRuntime", nil)
+	if err := eng.refusal(cfg); err != nil {
+		return nil, err
 	}
 	owner, err := ownerLabels()
 	if err != nil {

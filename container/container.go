@@ -16,8 +16,10 @@
 //     (Limits.Memory), a CPU quota (Config.CPUs), the nofile, fsize, core
 //     and cpu rlimits; the CPU time of the whole tree is watched from the
 //     host against Limits.CPUTime;
-//   - Docker's default seccomp profile (the engine must have seccomp; New
-//     fails otherwise) and its default masked and read-only /proc paths;
+//   - the engine's seccomp profile, Docker's default unless the operator
+//     set another (New fails when the engine has no seccomp or runs its
+//     containers unconfined), and Docker's default masked and read-only
+//     /proc paths;
 //   - private IPC, PID, UTS and cgroup namespaces; no host mounts of any
 //     kind, no Docker socket, no docker-init from the host;
 //   - the log driver "none": the output reaches moat and nothing else, never
@@ -166,6 +168,9 @@ type Sandbox struct {
 	spec  *spec
 	log   *slog.Logger
 	notes []string
+	// watched says that moat is root and watches every run from the host
+	// (see watch): a run that cannot be watched then fails.
+	watched bool
 
 	// The pool of prepared containers: fill keeps it full, one container
 	// per token in refill, until quit closes; then it closes fillDone.
@@ -207,22 +212,15 @@ func New(cfg Config) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !eng.seccomp {
-		return nil, unavailable("the Docker engine has no seccomp support", "use a dockerd built with seccomp (Debian's docker.io is)", nil)
+	if err := eng.refusal(cfg); err != nil {
+		return nil, err
 	}
 	var notes []string
 	if os.Geteuid() != 0 {
 		notes = append(notes, "moat is not root: it cannot watch runs from the host, so the CPU time of a whole process tree is not limited (each process still is) and the pids, filesize and disk reasons are not reported")
 	}
 	if !eng.runtimeFixed {
-		if !cfg.AllowVulnerableRuntime {
-			return nil, unavailable(fmt.Sprintf("runtime %q is %s, older than the fixes for the November 2025 container escapes", eng.runtime, eng.runtimeVersionText()),
-				"run scripts/setup-docker.sh to build and register runc-moat, or set AllowVulnerableRuntime", nil)
-		}
 		notes = append(notes, fmt.Sprintf("runtime %s is %s, older than the fixes for the November 2025 container escapes (allowed by the operator)", eng.runtime, eng.runtimeVersionText()))
-	}
-	if !eng.imagePresent {
-		return nil, unavailable(fmt.Sprintf("image %s is not in the Docker engine", cfg.Image), "run 'moat image build'", nil)
 	}
 	owner, err := ownerLabels()
 	if err != nil {
@@ -240,6 +238,7 @@ func New(cfg Config) (*Sandbox, error) {
 		spec:     newSpec(cfg, eng.runtime, owner),
 		log:      cfg.Logger,
 		notes:    notes,
+		watched:  os.Geteuid() == 0,
 		pool:     make(chan *prepared, cfg.Warm),
 		refill:   make(chan struct{}, cfg.Warm),
 		quit:     make(chan struct{}),
@@ -363,11 +362,17 @@ func (s *Sandbox) run(ctx context.Context, p *prepared, req moat.Request) (*moat
 
 	// Watch from the host before the code can run: Python runs nothing
 	// until it has read all of stdin, which is written only once the watch
-	// holds the run's cgroups and mounts.
-	w, watchErr := s.startWatch(rctx, id, func() { kill(moat.ReasonTimeout) })
-	if watchErr != nil {
-		s.log.Debug("container: watch", "id", shortID(id), "err", watchErr)
-	} else {
+	// holds the run's cgroups and mounts. Only root can watch; without it,
+	// New put a note in every Result instead.
+	var w *watch
+	if s.watched {
+		var err error
+		if w, err = s.startWatch(rctx, id, func() { kill(moat.ReasonTimeout) }); err != nil {
+			// No code runs unwatched (the tree's CPU time would go
+			// unbounded): nothing has run yet, and discard removes the
+			// container.
+			return s.setupFailed(ctx, "watch", err)
+		}
 		defer w.close()
 	}
 
@@ -465,10 +470,6 @@ func (s *Sandbox) run(ctx context.Context, p *prepared, req moat.Request) (*moat
 		res.Reason = moat.ReasonOutput
 	case sig != 0:
 		res.Reason = moat.ReasonSignal
-	}
-	if w == nil && res.Reason == "" {
-		res.Notes = append(append([]string(nil), res.Notes...),
-			fmt.Sprintf("moat could not watch the run from the host (%v): a pids, filesize or disk limit hit would not be reported", watchErr))
 	}
 	return res, nil
 }

@@ -30,6 +30,26 @@ func TestRuncFixed(t *testing.T) {
 	}
 }
 
+// TestSeccompConfined checks that an engine counts as applying seccomp only
+// when it lists seccomp with a profile other than "unconfined".
+func TestSeccompConfined(t *testing.T) {
+	for _, tc := range []struct {
+		opts []string
+		want bool
+	}{
+		{[]string{"name=apparmor", "name=seccomp,profile=default", "name=cgroupns"}, true},
+		{[]string{"name=seccomp,profile=builtin"}, true},
+		{[]string{"name=seccomp,profile=/etc/docker/seccomp.json"}, true},
+		{[]string{"name=seccomp,profile=unconfined"}, false},
+		{[]string{"name=apparmor", "name=rootless"}, false},
+		{nil, false},
+	} {
+		if got := seccompConfined(tc.opts); got != tc.want {
+			t.Errorf("seccompConfined(%q) = %v, want %v", tc.opts, got, tc.want)
+		}
+	}
+}
+
 // TestHostConfigHardening checks every hardening item of the level in what
 // is sent to the engine.
 func TestHostConfigHardening(t *testing.T) {
