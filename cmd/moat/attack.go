@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"strings"
 
@@ -11,8 +10,7 @@ import (
 )
 
 func cmdAttack(ctx context.Context, args []string, stdio Stdio) int {
-	fs := flag.NewFlagSet("attack", flag.ContinueOnError)
-	fs.SetOutput(stdio.Err)
+	fs := newFlagSet("attack")
 	sf := addSandboxFlags(fs)
 	levels := fs.String("levels", "all", "comma-separated levels to attack, or all (every level available here)")
 	only := fs.String("attacks", "", "comma-separated attacks to run (default all six)")
@@ -20,14 +18,7 @@ func cmdAttack(ctx context.Context, args []string, stdio Stdio) int {
 	if code, ok := parseFlags(fs, args, stdio); !ok {
 		return code
 	}
-	fc, err := sf.resolve()
-	if err != nil {
-		return exitFor(stdio, err)
-	}
-	if sf.level != "" {
-		*levels = sf.level
-	}
-	lvls, err := parseLevels(ctx, *levels, fc)
+	fc, lvls, err := sf.resolveLevels(ctx, *levels)
 	if err != nil {
 		return exitFor(stdio, err)
 	}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/bench"
@@ -12,8 +11,7 @@ import (
 )
 
 func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
-	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.SetOutput(stdio.Err)
+	fs := newFlagSet("bench")
 	sf := addSandboxFlags(fs)
 	levels := fs.String("levels", "all", "comma-separated levels to time, or all (every level available here)")
 	runs := fs.Int("runs", 0, "measured runs per row (default 10)")
@@ -23,14 +21,7 @@ func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
 	if code, ok := parseFlags(fs, args, stdio); !ok {
 		return code
 	}
-	fc, err := sf.resolve()
-	if err != nil {
-		return exitFor(stdio, err)
-	}
-	if sf.level != "" {
-		*levels = sf.level
-	}
-	lvls, err := parseLevels(ctx, *levels, fc)
+	fc, lvls, err := sf.resolveLevels(ctx, *levels)
 	if err != nil {
 		return exitFor(stdio, err)
 	}

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"text/tabwriter"
 
@@ -11,8 +10,7 @@ import (
 )
 
 func cmdDoctor(ctx context.Context, args []string, stdio Stdio) int {
-	fs := flag.NewFlagSet("doctor", flag.ContinueOnError)
-	fs.SetOutput(stdio.Err)
+	fs := newFlagSet("doctor")
 	sf := addSandboxFlags(fs)
 	asJSON := fs.Bool("json", false, "print {levels: [{level, available, reason, remedy}]}")
 	if code, ok := parseFlags(fs, args, stdio); !ok {

@@ -235,6 +235,20 @@ func openLevel(ctx context.Context, fc fileConfig, l moat.Level) (moat.Sandbox, 
 	return e.open(ctx, fc)
 }
 
+// resolveLevels resolves the flags and the levels a command goes over: the
+// --level when one is given, else list (a --levels value, see parseLevels).
+func (f *sandboxFlags) resolveLevels(ctx context.Context, list string) (fileConfig, []moat.Level, error) {
+	fc, err := f.resolve()
+	if err != nil {
+		return fc, nil, err
+	}
+	if f.level != "" {
+		list = f.level
+	}
+	lvls, err := parseLevels(ctx, list, fc)
+	return fc, lvls, err
+}
+
 // parseLevels reads a --levels list: "all" (every level available here) or
 // comma-separated names.
 func parseLevels(ctx context.Context, s string, fc fileConfig) ([]moat.Level, error) {

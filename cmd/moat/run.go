@@ -12,8 +12,7 @@ import (
 )
 
 func cmdRun(ctx context.Context, args []string, stdio Stdio) int {
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	fs.SetOutput(stdio.Err)
+	fs := newFlagSet("run")
 	sf := addSandboxFlags(fs)
 	code := fs.String("c", "", "the code to run")
 	asJSON := fs.Bool("json", false, "print one JSON object: level, stdout, stderr, exit_code, duration_ms, reason, truncated")
