@@ -12,6 +12,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -113,13 +115,17 @@ func BuildRootFS(ctx context.Context, cfg Config) (rec *Record, cached bool, err
 	p.say("rootfs %s: building Debian %s (%s) with %s from %s", key[:12], cfg.Suite, Arch(),
 		strings.Join(cfg.Packages, " "), cfg.Mirror)
 	tmp := dir + ".tmp"
-	if err := os.RemoveAll(tmp); err != nil {
+	if err := removeBuild(tmp); err != nil {
 		return nil, false, fmt.Errorf("image: clearing %s: %w", tmp, err)
 	}
 	if err := os.MkdirAll(tmp, 0o755); err != nil {
 		return nil, false, fmt.Errorf("image: %w", err)
 	}
-	defer os.RemoveAll(tmp)
+	defer func() {
+		if err := removeBuild(tmp); err != nil {
+			log.Warn("image: removing the unfinished build", "dir", tmp, "err", err)
+		}
+	}()
 	root := filepath.Join(tmp, "rootfs")
 
 	args := []string{
@@ -308,10 +314,58 @@ func diskUsage(root string) (size int64, files int, err error) {
 	return size, files, err
 }
 
+// removeBuild removes an unfinished build at dir. debootstrap mounts the
+// host's /proc and /sys in the tree it builds (and, in an LXC container,
+// binds the host's /dev/shm and /dev/pts) and unmounts them when it exits;
+// a debootstrap that was killed leaves them mounted, and removing the tree
+// through them would reach into the host. So every mount under dir is
+// detached first, and nothing is removed while one stays.
+func removeBuild(dir string) error {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	var mounts []string
+	for _, line := range strings.Split(string(b), "\n") {
+		// Field 5 is the mount point.
+		if f := strings.Fields(line); len(f) > 4 {
+			if m := unescapeMountPoint(f[4]); strings.HasPrefix(m, dir+"/") {
+				mounts = append(mounts, m)
+			}
+		}
+	}
+	// The deepest first.
+	slices.SortFunc(mounts, func(a, b string) int { return len(b) - len(a) })
+	for _, m := range mounts {
+		if err := syscall.Unmount(m, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOENT) {
+			return fmt.Errorf("image: %s is still mounted: %w", m, err)
+		}
+	}
+	return os.RemoveAll(dir)
+}
+
+// unescapeMountPoint undoes mountinfo's octal escapes (space is \040).
+func unescapeMountPoint(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
 // runLogged runs a command, passing each line of its output to p with a
-// prefix.
+// prefix. Cancelling ctx sends it SIGTERM, so that debootstrap unmounts
+// what it mounted in the tree, then SIGKILL after a few seconds.
 func runLogged(ctx context.Context, p progress, prefix, name string, args ...string) error {
 	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", "DEBIAN_FRONTEND=noninteractive"}
 	cmd.Stdin = nil
 	pr, pw := io.Pipe()

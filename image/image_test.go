@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -224,5 +225,55 @@ func TestBuildCached(t *testing.T) {
 	st := GetStatus(context.Background(), cfg)
 	if !st.Exists || st.Size != 1234 || st.BuiltAt.IsZero() {
 		t.Errorf("status of a built key: %+v", st)
+	}
+}
+
+// TestRemoveBuildKeepsWhatIsMountedIn checks that removing an unfinished
+// build detaches what a killed debootstrap left mounted in it instead of
+// removing the files of the mounted filesystem (the host's /dev/shm, say).
+func TestRemoveBuildKeepsWhatIsMountedIn(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting needs root (CI runs as root)")
+	}
+	host := t.TempDir()
+	hostFile := filepath.Join(host, "keep")
+	if err := os.WriteFile(hostFile, []byte("host"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	build := filepath.Join(t.TempDir(), "key with space.tmp")
+	for _, d := range []string{"rootfs/dev/shm", "rootfs/proc"} {
+		if err := os.MkdirAll(filepath.Join(build, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := syscall.Mount(host, filepath.Join(build, "rootfs/dev/shm"), "", syscall.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", filepath.Join(build, "rootfs/proc"), "tmpfs", 0, "size=64k"); err != nil {
+		syscall.Unmount(filepath.Join(build, "rootfs/dev/shm"), syscall.MNT_DETACH)
+		t.Fatal(err)
+	}
+	if err := removeBuild(build); err != nil {
+		t.Fatalf("removeBuild: %v", err)
+	}
+	if _, err := os.Stat(hostFile); err != nil {
+		t.Errorf("the file of the filesystem mounted in the build is gone: %v", err)
+	}
+	if _, err := os.Stat(build); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the build is still there: %v", err)
+	}
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(unescapeMountPoint(f[4]), build+"/") {
+			t.Errorf("a mount under the build is left: %s", line)
+		}
+	}
+}
+
+func TestUnescapeMountPoint(t *testing.T) {
+	for in, want := range map[string]string{`/a\040b/c`: "/a b/c", `/plain`: "/plain", `/tab\011x`: "/tab\tx", `/end\04`: `/end\04`} {
+		if got := unescapeMountPoint(in); got != want {
+			t.Errorf("unescapeMountPoint(%q) = %q, want %q", in, got, want)
+		}
 	}
 }
