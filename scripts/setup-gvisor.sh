@@ -17,8 +17,9 @@
 #      image build; cached: a second run does nothing and says so).
 #
 # Environment: RUNSC_SUITE (default trixie), MIRROR (default: the mirror apt
-# uses for this machine's Debian release), GO (go binary), MOAT_REPO (the
-# moat source tree, default: this script's parent directory).
+# uses for this machine's Debian release), MOAT (the moat binary; default: go
+# run ./cmd/moat in MOAT_REPO), GO (go binary), MOAT_REPO (the moat source
+# tree, default: this script's parent directory).
 set -euo pipefail
 
 RUNSC_SUITE=${RUNSC_SUITE:-trixie}
@@ -39,8 +40,17 @@ has_systrap() {
 	grep -A1 -- '-platform string' <<<"$flags" | grep -q systrap
 }
 
+# find_runsc: the runsc moat will use, found as moat finds it (the first of
+# these; never PATH), so that the checks below are of that binary.
+find_runsc() {
+	local c
+	for c in /usr/local/bin/runsc /usr/bin/runsc /usr/sbin/runsc; do
+		if [ -f "$c" ] && [ -x "$c" ]; then echo "$c"; return; fi
+	done
+}
+
 # 1. runsc.
-RUNSC=$(command -v runsc || true)
+RUNSC=$(find_runsc)
 if [ -n "$RUNSC" ] && has_systrap "$RUNSC"; then
 	say "runsc with systrap already installed at $RUNSC"
 else
@@ -86,9 +96,9 @@ else
 	[ -z "$deps" ] || die "runsc $version has dependencies ($deps); this script installs only a dependency-free runsc"
 	say "installing $(basename "$deb") with dpkg"
 	dpkg -i "$deb" >/dev/null
-	RUNSC=$(command -v runsc || true)
-	[ -n "$RUNSC" ] || die "runsc not on PATH after installing $deb"
-	has_systrap "$RUNSC" || die "the installed runsc lacks the systrap platform"
+	RUNSC=$(find_runsc)
+	[ -n "$RUNSC" ] || die "no runsc in /usr/local/bin, /usr/bin or /usr/sbin after installing $deb"
+	has_systrap "$RUNSC" || die "$RUNSC, the runsc moat uses, lacks the systrap platform (an older one in /usr/local/bin shadows the package's?)"
 fi
 say "runsc: $RUNSC: $("$RUNSC" --version | head -1)"
 
@@ -110,41 +120,15 @@ if ! command -v debootstrap >/dev/null; then
 	apt-get update -qq
 	apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
 fi
-GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
-[ -x "$GO" ] || die "go is needed to build moat's root filesystem ($GO not found)"
-cd "$MOAT_REPO"
-help=$("$GO" run ./cmd/moat help 2>/dev/null || true)
-if grep -qE '^[[:space:]]+image[[:space:]]' <<<"$help"; then
-	say "building the sandbox image: moat image build"
-	"$GO" run ./cmd/moat image build
+# The moat binary setup.sh built, or moat from this source tree.
+if [ -n "${MOAT:-}" ]; then
+	moat=("$MOAT")
 else
-	# This moat has no image command yet: build the root filesystem with
-	# the image package directly (the Docker import is the container
-	# level's business).
-	say "building the sandbox root filesystem with the image package"
-	prog=$(mktemp -d /tmp/moat-image-build.XXXXXX)
-	cat >"$prog/main.go" <<-'EOF'
-		package main
-
-		import (
-			"context"
-			"fmt"
-			"os"
-
-			"github.com/moatsandbox/moat/image"
-		)
-
-		func main() {
-			cfg := image.Config{Progress: os.Stdout}
-			if _, _, err := image.BuildRootFS(context.Background(), cfg); err != nil {
-				fmt.Fprintln(os.Stderr, err)
-				os.Exit(1)
-			}
-		}
-	EOF
-	status=0
-	"$GO" run "$prog/main.go" || status=$?
-	rm -rf "$prog"
-	[ "$status" = 0 ] || die "building the root filesystem failed"
+	GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
+	[ -x "$GO" ] || die "go is needed to build moat's root filesystem ($GO not found)"
+	moat=("$GO" run ./cmd/moat)
 fi
+cd "$MOAT_REPO"
+say "building the sandbox image: moat image build"
+"${moat[@]}" image build
 say "ready: $("$RUNSC" --version | head -1), platform systrap"
