@@ -19,6 +19,7 @@ import (
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/internal/owner"
+	"github.com/moatsandbox/moat/sandboxtest"
 	"github.com/moatsandbox/moat/server"
 	"github.com/moatsandbox/moat/subprocess"
 )
@@ -116,30 +117,8 @@ func leftovers() []string {
 	}
 	// Helpers started in advance are the sandbox's, alive until Close;
 	// the callers check after Close.
-	for _, pid := range childrenOf(os.Getpid()) {
-		out = append(out, "process "+strconv.Itoa(pid))
-	}
-	return out
-}
-
-// childrenOf lists the live child processes of pid.
-func childrenOf(pid int) []int {
-	var out []int
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		p, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		data, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		i := bytes.LastIndexByte(data, ')')
-		f := strings.Fields(string(data[i+1:]))
-		if len(f) > 2 && f[1] != "Z" && f[2] == strconv.Itoa(pid) {
-			out = append(out, p)
-		}
+	for _, p := range sandboxtest.ChildrenLeft(0) {
+		out = append(out, "process "+p)
 	}
 	return out
 }

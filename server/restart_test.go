@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/sandboxtest"
 	"github.com/moatsandbox/moat/server"
 	"github.com/moatsandbox/moat/subprocess"
 )
@@ -27,11 +28,12 @@ import (
 // The test binary doubles as a server process: with MOAT_TEST_SERVER_STATE
 // set it serves on 127.0.0.1, writes its address to the file named by
 // MOAT_TEST_SERVER_ADDR, and shuts down gracefully on SIGTERM.
+// After the tests, no child process of the test binary may be left.
 func TestMain(m *testing.M) {
 	if state := os.Getenv("MOAT_TEST_SERVER_STATE"); state != "" {
 		os.Exit(serverChild(state, os.Getenv("MOAT_TEST_SERVER_ADDR")))
 	}
-	os.Exit(m.Run())
+	os.Exit(sandboxtest.CheckNoChildren(m.Run(), 2*time.Second))
 }
 
 func serverChild(state, addrFile string) int {

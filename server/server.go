@@ -182,7 +182,7 @@ func (c Config) Validate() error {
 	if len(c.Tokens) == 0 {
 		errs = append(errs, errors.New("no bearer token: give at least one"))
 	}
-	names := map[string]bool{}
+	names, secrets := map[string]bool{}, map[string]string{}
 	for i, t := range c.Tokens {
 		if t.Name == "" || len(t.Token) < 16 {
 			errs = append(errs, fmt.Errorf("token %d needs a name and a secret of at least 16 characters", i))
@@ -191,6 +191,12 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("token name %q given twice", t.Name))
 		}
 		names[t.Name] = true
+		// One secret under two names would make its holders one owner,
+		// each seeing the other's sessions.
+		if other, ok := secrets[t.Token]; ok && t.Token != "" {
+			errs = append(errs, fmt.Errorf("tokens %q and %q have the same secret", other, t.Name))
+		}
+		secrets[t.Token] = t.Name
 	}
 	if c.MaxCodeBytes < 0 || c.MaxBodyBytes < 0 || c.MaxFileBytes < 0 || c.MaxSessionsPerToken < 0 ||
 		c.MaxConcurrentRuns < 0 || c.QueueLength < 0 || c.QueueWait < 0 || c.SessionTTL < 0 ||
@@ -541,24 +547,23 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) error {
 	body := http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxBodyBytes))
 	dec := json.NewDecoder(body)
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return fmt.Errorf("body over %v: %w", s.cfg.MaxBodyBytes, errBodyTooLarge)
+	err := dec.Decode(v)
+	if err == nil {
+		_, err = dec.Token()
+		switch {
+		case errors.Is(err, io.EOF):
+			return nil
+		case err == nil:
+			err = errors.New("more than one JSON value")
 		}
-		if errors.Is(err, moat.ErrInvalid) {
-			return err
-		}
-		return badRequest("body: %v", err)
 	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return fmt.Errorf("body over %v: %w", s.cfg.MaxBodyBytes, errBodyTooLarge)
-		}
-		return badRequest("body: more than one JSON value")
+	if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+		return fmt.Errorf("body over %v: %w", s.cfg.MaxBodyBytes, errBodyTooLarge)
 	}
-	return nil
+	if errors.Is(err, moat.ErrInvalid) {
+		return err
+	}
+	return badRequest("body: %v", err)
 }
 
 // runRequest is the body of POST /v1/runs and POST /v1/sessions/{id}/runs.
@@ -910,6 +915,20 @@ func (s *Server) lookup(r *http.Request, owner string) (*session, error) {
 	return ss, nil
 }
 
+// useSession looks up owner's session named in the path and marks it busy
+// for an operation; done marks it idle again.
+func (s *Server) useSession(r *http.Request, owner string) (ss *session, done func(), err error) {
+	ss, err = s.lookup(r, owner)
+	if err != nil {
+		return nil, nil, err
+	}
+	done, err = ss.use()
+	if err != nil {
+		return nil, nil, err
+	}
+	return ss, done, nil
+}
+
 // use marks ss busy for an operation; done marks it idle again. It fails
 // when the session has ended.
 func (ss *session) use() (done func(), err error) {
@@ -1024,10 +1043,11 @@ func (s *Server) handleDeleteSession(w http.ResponseWriter, r *http.Request, own
 }
 
 func (s *Server) handleSessionRun(w http.ResponseWriter, r *http.Request, owner string) error {
-	ss, err := s.lookup(r, owner)
+	ss, done, err := s.useSession(r, owner)
 	if err != nil {
 		return err
 	}
+	defer done()
 	req, err := s.readRun(w, r)
 	if err != nil {
 		return err
@@ -1035,20 +1055,11 @@ func (s *Server) handleSessionRun(w http.ResponseWriter, r *http.Request, owner 
 	if req.Level != "" && req.Level != ss.rec.Level {
 		return fmt.Errorf("the session's level is %s, not %s: %w", ss.rec.Level, req.Level, moat.ErrInvalid)
 	}
-	done, err := ss.use()
-	if err != nil {
-		return err
-	}
-	defer done()
 	return s.execute(w, r, owner, ss.rec.Level, ss.rec.ID, ss.sess.Run, req)
 }
 
 func (s *Server) handleListFiles(w http.ResponseWriter, r *http.Request, owner string) error {
-	ss, err := s.lookup(r, owner)
-	if err != nil {
-		return err
-	}
-	done, err := ss.use()
+	ss, done, err := s.useSession(r, owner)
 	if err != nil {
 		return err
 	}
@@ -1065,23 +1076,18 @@ func (s *Server) handleListFiles(w http.ResponseWriter, r *http.Request, owner s
 }
 
 func (s *Server) handlePutFile(w http.ResponseWriter, r *http.Request, owner string) error {
-	ss, err := s.lookup(r, owner)
-	if err != nil {
-		return err
-	}
-	name := r.PathValue("path")
-	if r.ContentLength > int64(s.cfg.MaxFileBytes) {
-		return fmt.Errorf("file of %d bytes is over the %v cap: %w", r.ContentLength, s.cfg.MaxFileBytes, errBodyTooLarge)
-	}
-	done, err := ss.use()
+	ss, done, err := s.useSession(r, owner)
 	if err != nil {
 		return err
 	}
 	defer done()
+	name := r.PathValue("path")
+	if r.ContentLength > int64(s.cfg.MaxFileBytes) {
+		return fmt.Errorf("file of %d bytes is over the %v cap: %w", r.ContentLength, s.cfg.MaxFileBytes, errBodyTooLarge)
+	}
 	body := http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxFileBytes))
 	if err := ss.sess.WriteFile(r.Context(), name, body); err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			return fmt.Errorf("file over the %v cap: %w", s.cfg.MaxFileBytes, errBodyTooLarge)
 		}
 		return err
@@ -1091,11 +1097,7 @@ func (s *Server) handlePutFile(w http.ResponseWriter, r *http.Request, owner str
 }
 
 func (s *Server) handleGetFile(w http.ResponseWriter, r *http.Request, owner string) error {
-	ss, err := s.lookup(r, owner)
-	if err != nil {
-		return err
-	}
-	done, err := ss.use()
+	ss, done, err := s.useSession(r, owner)
 	if err != nil {
 		return err
 	}
@@ -1122,11 +1124,7 @@ func (s *Server) handleGetFile(w http.ResponseWriter, r *http.Request, owner str
 }
 
 func (s *Server) handleDeleteFile(w http.ResponseWriter, r *http.Request, owner string) error {
-	ss, err := s.lookup(r, owner)
-	if err != nil {
-		return err
-	}
-	done, err := ss.use()
+	ss, done, err := s.useSession(r, owner)
 	if err != nil {
 		return err
 	}

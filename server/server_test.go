@@ -509,6 +509,7 @@ func TestLevelWithoutSessions(t *testing.T) {
 		{Sandboxes: map[moat.Level]moat.Sandbox{moat.LevelContainer: fakeSandbox{}}},
 		{Sandboxes: map[moat.Level]moat.Sandbox{moat.LevelContainer: fakeSandbox{}}, Tokens: []server.Token{{Name: "a", Token: "short"}}},
 		{Sandboxes: map[moat.Level]moat.Sandbox{moat.LevelContainer: fakeSandbox{}}, Tokens: []server.Token{{Name: "a", Token: tokenA}}, DefaultLevel: moat.LevelMicroVM},
+		{Sandboxes: map[moat.Level]moat.Sandbox{moat.LevelContainer: fakeSandbox{}}, Tokens: []server.Token{{Name: "a", Token: tokenA}, {Name: "b", Token: tokenA}}},
 	} {
 		if err := cfg.Validate(); !errors.Is(err, moat.ErrInvalid) {
 			t.Errorf("Validate(%+v) = %v", cfg, err)
