@@ -94,6 +94,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -621,8 +622,9 @@ func (s *Sandbox) Run(ctx context.Context, req moat.Request) (*moat.Result, erro
 	if len(req.Code) == 0 {
 		return nil, fmt.Errorf("microvm: empty code: %w", moat.ErrInvalid)
 	}
-	if len(req.Code) > int(s.limits.Disk) || len(req.Code) > wire.MaxPayload-4096 {
-		return nil, fmt.Errorf("microvm: code of %d bytes is larger than the disk limit %v: %w", len(req.Code), s.limits.Disk, moat.ErrInvalid)
+	if len(req.Code) > int(s.limits.Disk) || len(req.Code) > wire.MaxCode {
+		return nil, fmt.Errorf("microvm: code of %d bytes is larger than the disk limit %v or the level's cap of %d bytes: %w",
+			len(req.Code), s.limits.Disk, wire.MaxCode, moat.ErrInvalid)
 	}
 	s.mu.Lock()
 	if s.closed {
@@ -778,6 +780,34 @@ func (s *Sandbox) takeReady() (readyVM, bool) {
 	}
 }
 
+// guestReasons are the reasons the agent may report; the host adds output
+// and canceled itself.
+var guestReasons = []moat.Reason{moat.ReasonNone, moat.ReasonTimeout, moat.ReasonMemory, moat.ReasonPids,
+	moat.ReasonFileSize, moat.ReasonDisk, moat.ReasonSignal}
+
+// parseExit decodes the agent's exit report. The guest runs hostile code
+// and may be compromised, so a report that the agent could not have made is
+// an error, not a result.
+func parseExit(p []byte) (*wire.Exit, error) {
+	var e wire.Exit
+	if err := json.Unmarshal(p, &e); err != nil {
+		return nil, fmt.Errorf("microvm: the agent's exit report: %w", err)
+	}
+	if e.ExitCode < 0 || e.ExitCode > 255 || e.Signal < 0 || e.Signal > 64 || !slices.Contains(guestReasons, moat.Reason(e.Reason)) {
+		return nil, fmt.Errorf("microvm: the agent's exit report is not one it makes: %s", clip(p, 512))
+	}
+	return &e, nil
+}
+
+// clip returns b as valid UTF-8, cut to at most n bytes, for an error
+// message.
+func clip(b []byte, n int) string {
+	if len(b) > n {
+		b = b[:n]
+	}
+	return strings.ToValidUTF8(string(b), "?")
+}
+
 type frame struct {
 	kind    wire.Kind
 	payload []byte
@@ -800,7 +830,7 @@ func (s *Sandbox) talk(ctx context.Context, vm VM, req moat.Request) (*moat.Resu
 	go func() {
 		defer close(frames)
 		for {
-			k, p, err := wire.Read(conn, 0)
+			k, p, err := wire.Read(conn, wire.MaxReport)
 			if err != nil {
 				readerDone <- err
 				return
@@ -843,14 +873,14 @@ loop:
 			case wire.KindStderr:
 				stderr.Write(f.payload)
 			case wire.KindExit:
-				var e wire.Exit
-				if err := json.Unmarshal(f.payload, &e); err != nil {
-					return nil, fmt.Errorf("microvm: the agent's exit report: %w", err)
+				e, err := parseExit(f.payload)
+				if err != nil {
+					return nil, err
 				}
-				exit = &e
+				exit = e
 				break loop
 			case wire.KindFail:
-				return nil, unavailable("the guest agent failed", "", errors.New(string(f.payload)))
+				return nil, unavailable("the guest agent failed", "", errors.New(clip(f.payload, 512)))
 			}
 		case err := <-sendErr:
 			if err != nil {

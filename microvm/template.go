@@ -89,7 +89,7 @@ func readHello(ctx context.Context, vm VM) (*wire.Hello, error) {
 	stop := context.AfterFunc(ctx, func() { conn.SetReadDeadline(time.Now()) })
 	defer stop()
 	defer conn.SetReadDeadline(time.Time{})
-	k, p, err := wire.Read(conn, 64<<10)
+	k, p, err := wire.Read(conn, wire.MaxReport)
 	if err != nil {
 		if errors.Is(err, io.EOF) {
 			err = errors.New("the VM ended before its agent was ready")

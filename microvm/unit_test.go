@@ -2,19 +2,24 @@ package microvm
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/microvm/internal/wire"
 )
 
 // These tests need no VM.
@@ -190,5 +195,95 @@ func TestReap(t *testing.T) {
 	}
 	if err := ours.Process.Signal(syscall.Signal(0)); err != nil {
 		t.Errorf("reap killed a VM of this live process: %v", err)
+	}
+}
+
+// fakeVM is a VM whose guest is the test: its agent port is one end of a
+// pipe.
+type fakeVM struct {
+	host, guest net.Conn
+	exited      chan struct{}
+	once        sync.Once
+}
+
+func newFakeVM() *fakeVM {
+	h, g := net.Pipe()
+	return &fakeVM{host: h, guest: g, exited: make(chan struct{})}
+}
+
+func (f *fakeVM) Agent() net.Conn                    { return f.host }
+func (f *fakeVM) Save(context.Context, string) error { return errors.New("fake") }
+func (f *fakeVM) Resume(context.Context) error       { return nil }
+func (f *fakeVM) Pid() int                           { return 0 }
+func (f *fakeVM) Exited() <-chan struct{}            { return f.exited }
+func (f *fakeVM) Kill() error {
+	f.once.Do(func() { f.host.Close(); f.guest.Close(); close(f.exited) })
+	return nil
+}
+
+// The host does not take the guest's word beyond what the agent could say:
+// a compromised guest gets an error for its run, never an allocation of its
+// choosing or a result the agent cannot make.
+func TestHostileGuest(t *testing.T) {
+	s := &Sandbox{limits: moat.Limits{}.WithDefaults()}
+	for _, c := range []struct {
+		name  string
+		guest func(conn net.Conn)
+		want  string
+	}{
+		{"huge frame", func(conn net.Conn) {
+			conn.Write([]byte{byte(wire.KindStdout), 0x7f, 0xff, 0xff, 0xff})
+		}, "frame too large"},
+		{"frame just over the limit", func(conn net.Conn) {
+			wire.Write(conn, wire.KindStdout, make([]byte, wire.MaxReport+1))
+		}, "frame too large"},
+		{"unknown reason", func(conn net.Conn) {
+			wire.Write(conn, wire.KindExit, []byte(`{"exit_code":0,"reason":"contained"}`))
+		}, "not one it makes"},
+		{"host's reason", func(conn net.Conn) {
+			wire.Write(conn, wire.KindExit, []byte(`{"exit_code":137,"reason":"canceled"}`))
+		}, "not one it makes"},
+		{"exit code out of range", func(conn net.Conn) {
+			wire.Write(conn, wire.KindExit, []byte(`{"exit_code":-1}`))
+		}, "not one it makes"},
+		{"long failure", func(conn net.Conn) {
+			wire.Write(conn, wire.KindFail, bytes.Repeat([]byte{0xff}, wire.MaxReport))
+		}, "the guest agent failed"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			vm := newFakeVM()
+			defer vm.Kill()
+			go func() {
+				if _, _, err := wire.Read(vm.guest, 0); err != nil {
+					return
+				}
+				c.guest(vm.guest)
+				io.Copy(io.Discard, vm.guest)
+			}()
+			res, err := s.talk(context.Background(), vm, moat.Request{Code: []byte("print(1)")})
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("talk = %+v, %v; want an error saying %q", res, err, c.want)
+			}
+			if len(err.Error()) > 2048 {
+				t.Errorf("the error holds %d bytes of the guest's words", len(err.Error()))
+			}
+		})
+	}
+	// What the agent does say is taken.
+	vm := newFakeVM()
+	defer vm.Kill()
+	go func() {
+		wire.Read(vm.guest, 0)
+		wire.Write(vm.guest, wire.KindStarted, nil)
+		wire.Write(vm.guest, wire.KindStdout, []byte("hi\n"))
+		wire.Write(vm.guest, wire.KindExit, []byte(`{"exit_code":137,"signal":9,"reason":"memory"}`))
+		io.Copy(io.Discard, vm.guest)
+	}()
+	res, err := s.talk(context.Background(), vm, moat.Request{Code: []byte("print(1)")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(res.Stdout) != "hi\n" || res.ExitCode != 137 || res.Signal != "SIGKILL" || res.Reason != moat.ReasonMemory {
+		t.Errorf("result %+v, want stdout hi, exit 137, SIGKILL, reason memory", res)
 	}
 }

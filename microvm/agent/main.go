@@ -203,7 +203,11 @@ func (a *agent) sendJSON(k wire.Kind, v any) error {
 func (a *agent) fatal(err error) {
 	consoleLog("fatal: %v", err)
 	if a.port != nil {
-		a.send(wire.KindFail, []byte(err.Error()))
+		msg := err.Error()
+		if len(msg) > wire.MaxReport {
+			msg = msg[:wire.MaxReport]
+		}
+		a.send(wire.KindFail, []byte(msg))
 	}
 	// QEMU runs with -no-reboot: a reboot ends it, whether or not the
 	// kernel can power the machine off.
@@ -540,7 +544,7 @@ func (a *agent) run(r *wire.Run) (*wire.Exit, error) {
 		k wire.Kind
 	}{{outR, wire.KindStdout}, {errR, wire.KindStderr}} {
 		pumps.Go(func() {
-			buf := make([]byte, 64<<10)
+			buf := make([]byte, wire.MaxReport)
 			for {
 				n, err := s.f.Read(buf)
 				if n > 0 {

@@ -59,8 +59,19 @@ func (k Kind) String() string {
 }
 
 // MaxPayload is the largest payload either side accepts. It bounds the code
-// of one run.
+// of one run (see [MaxCode]).
 const MaxPayload = 32 << 20
+
+// MaxCode is the most code one Run carries: the Run frame is JSON, in which
+// the code is base64 (4 bytes for every 3), and the rest of the frame needs
+// a little room.
+const MaxCode = (MaxPayload - 64<<10) / 4 * 3
+
+// MaxReport is the largest payload the host accepts from the guest, and so
+// the most output the agent puts in one Stdout or Stderr frame. The guest
+// runs hostile code and may be compromised: a frame it sends must not make
+// the host allocate more than this. Hello, Exit and Fail are far smaller.
+const MaxReport = 64 << 10
 
 // ErrTooLarge is returned for a frame whose payload passes the reader's
 // limit.

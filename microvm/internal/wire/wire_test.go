@@ -53,6 +53,21 @@ func TestReadErrors(t *testing.T) {
 	}
 }
 
+// The largest code a Run may carry fits in a frame with every limit at its
+// widest, and a little more code does not.
+func TestMaxCode(t *testing.T) {
+	r := Run{Seed: make([]byte, 64), UnixNano: -1 << 63, WallMS: -1 << 63, CPUMS: -1 << 63, Memory: -1 << 63,
+		Pids: -1 << 63, FileSize: -1 << 63, Disk: -1 << 63, OpenFiles: -1 << 63}
+	r.Code = make([]byte, MaxCode)
+	if err := WriteJSON(io.Discard, KindRun, r); err != nil {
+		t.Errorf("a run of MaxCode bytes of code: %v", err)
+	}
+	r.Code = make([]byte, MaxPayload/4*3+1)
+	if err := WriteJSON(io.Discard, KindRun, r); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("a run whose base64 code passes MaxPayload: %v, want ErrTooLarge", err)
+	}
+}
+
 // FuzzRead checks that any bytes from the guest (which runs hostile code)
 // give a frame or an error, never a panic or an allocation past the limit,
 // and that a frame read re-encodes to the bytes it came from.
