@@ -152,7 +152,16 @@ func (g *Group) dirFor(file string) string {
 // living and the dead.
 func (g *Group) CPUUsage() (time.Duration, error) {
 	if g.m.v2 {
-		us := keyValue(filepath.Join(g.dirs[0], "cpu.stat"), "usage_usec")
+		// A missing or unreadable account is an error, as on v1: the
+		// caller's CPU watch must not read it as no usage.
+		data, err := os.ReadFile(filepath.Join(g.dirs[0], "cpu.stat"))
+		if err != nil {
+			return 0, fmt.Errorf("cgroup: %w", err)
+		}
+		us, ok := findKey(data, "usage_usec")
+		if !ok {
+			return 0, fmt.Errorf("cgroup: no usage_usec in %s", filepath.Join(g.dirs[0], "cpu.stat"))
+		}
 		return time.Duration(us) * time.Microsecond, nil
 	}
 	data, err := os.ReadFile(filepath.Join(g.dirFor("cpuacct.usage"), "cpuacct.usage"))
@@ -216,15 +225,21 @@ func keyValue(path, key string) int64 {
 	if err != nil {
 		return 0
 	}
+	n, _ := findKey(data, key)
+	return n
+}
+
+// findKey finds "key N" in the contents of a flat-keyed cgroup file.
+func findKey(data []byte, key string) (int64, bool) {
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
 		if len(f) == 2 && f[0] == key {
-			n, _ := strconv.ParseInt(f[1], 10, 64)
-			return n
+			n, err := strconv.ParseInt(f[1], 10, 64)
+			return n, err == nil
 		}
 	}
-	return 0
+	return 0, false
 }
 
 // Pids returns the processes in the group.
