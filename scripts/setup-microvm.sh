@@ -15,7 +15,9 @@
 #      ${STATE}/microvm/kernels/moat-6.1, unless it is there from the same
 #      config and source; it boots faster than the cloud kernel, which the
 #      level uses only when this one is missing (MOAT_GUEST_KERNEL=debian
-#      skips the build; a failed build is reported and skipped);
+#      skips the build; a failed build is reported, remembered in
+#      ${STATE}/microvm/kernel-build.failed and not tried again for the same
+#      config and source, and never fails the set-up);
 #   4. builds the guest agent (static, CGO_ENABLED=0) into
 #      ${STATE}/microvm/bin/moat-guest-agent, for moat binaries that run far
 #      from their source (a moat run from this tree builds its own, cached);
@@ -85,25 +87,32 @@ fi
 # 3. moat's minimal guest kernel.
 if [ "${MOAT_GUEST_KERNEL:-minimal}" = debian ]; then
 	say "MOAT_GUEST_KERNEL=debian: not building the minimal kernel"
-	rm -rf "$STATE/microvm/kernels/moat-6.1"
+	rm -rf "$STATE/microvm/kernels/moat-6.1" "$STATE/microvm/kernel-build.failed"
 else
 	mdir=$STATE/microvm/kernels/moat-6.1
 	srcver=$(dpkg-query -W -f='${Version}' linux-source-6.1 2>/dev/null || apt-cache policy linux-source-6.1 | awk '/Candidate:/ {print $2}')
 	stamp=$( (cat microvm/kernel/guest.config microvm/kernel/build.sh; echo "$srcver") | sha256sum | cut -c1-16)
+	# A build that failed is not tried again for the same stamp: it would
+	# cost every later set-up (every CI run) its minutes again. Remove
+	# $failed to try again.
+	failed=$STATE/microvm/kernel-build.failed
 	if [ -f "$mdir/moat-build" ] && [ "$(cat "$mdir/moat-build")" = "$stamp" ]; then
 		say "minimal guest kernel already built in $mdir"
+	elif [ -f "$failed" ] && [ "$(cat "$failed")" = "$stamp" ]; then
+		say "warning: the minimal kernel failed to build from this config and source before (rm $failed to retry); the level uses ${mdir##*/} from an older config if present, else Debian's cloud kernel"
 	else
 		say "building the minimal guest kernel (linux-source-6.1 $srcver, a few minutes)"
 		rm -rf "$mdir.tmp"
-		if bash microvm/kernel/build.sh "$mdir.tmp" >/tmp/moat-kernel-build.log 2>&1; then
+		if timeout 1800 bash microvm/kernel/build.sh "$mdir.tmp" >/tmp/moat-kernel-build.log 2>&1; then
 			echo "$stamp" >"$mdir.tmp/moat-build"
-			rm -rf "$mdir"
+			rm -rf "$mdir" "$failed"
 			mv "$mdir.tmp" "$mdir"
 			say "minimal guest kernel built into $mdir"
 		else
 			rm -rf "$mdir.tmp"
+			echo "$stamp" >"$failed"
 			tail -5 /tmp/moat-kernel-build.log >&2 || true
-			say "warning: the minimal kernel did not build (log: /tmp/moat-kernel-build.log); the level uses Debian's cloud kernel"
+			say "warning: the minimal kernel did not build (log: /tmp/moat-kernel-build.log); the level uses ${mdir##*/} from an older config if present, else Debian's cloud kernel"
 		fi
 	fi
 fi
@@ -126,7 +135,10 @@ if [ -x "$GO" ]; then
 	# moat image build also imports the image into Docker; where no Docker
 	# engine answers, build the root filesystem alone, which is all this
 	# level reads.
-	if ! "$GO" run ./cmd/moat image build --state-dir "$STATE"; then
+	# setup.sh passes the moat it built as MOAT; go run would link another.
+	moat=("$GO" run ./cmd/moat)
+	[ -x "${MOAT:-}" ] && moat=("$MOAT")
+	if ! "${moat[@]}" image build --state-dir "$STATE"; then
 		say "moat image build failed (no Docker engine?); building the root filesystem only"
 		STATE=$STATE "$GO" run ./microvm/internal/buildimage
 	fi
