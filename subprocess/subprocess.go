@@ -629,6 +629,9 @@ func (r *run) exec(ctx context.Context, arg []byte) (*moat.Result, error) {
 	if err != nil {
 		h.cmd.Process.Kill()
 		h.cmd.Wait()
+		if ctx.Err() != nil {
+			return nil, ctx.Err() // killed by the cancel, before anything ran
+		}
 		return nil, unavailable("the sandbox helper died before its run", "", err)
 	}
 	var cpuOver atomic.Bool
