@@ -36,6 +36,14 @@
 // every run, and a syntax error in source that is not UTF-8 or holds NUL
 // bytes is worded as compile() words it.
 //
+// Nothing of one run reaches the next: each VM is a fresh restore of the
+// template (its state read from a descriptor opened read-only, the disk
+// attached read-only, every write in the guest's RAM) and is killed after
+// its one run. What every run shares is what the template holds: besides
+// the hash seed, the guest kernel's address layout (KASLR) and python3's
+// (ASLR, its stack canary) are the same in every run, so a run can learn
+// them for a later one; only the kernel's random generator is reseeded.
+//
 // Limits inside the guest: memory and processes by the guest's cgroup v2
 // (memory.max, pids.max), CPU time by the cgroup's account and RLIMIT_CPU,
 // wall time by the agent (and a host-side backstop that kills the VM), file
@@ -486,6 +494,9 @@ func prepare(ctx context.Context, cfg Config, log *slog.Logger) (*Sandbox, error
 	s.note = "accel: " + string(s.spec.Accel)
 	if s.spec.Accel == AccelTCG && cfg.Accel == "" {
 		s.note += " (software emulation: KVM cannot boot the guest here; moat doctor says why)"
+		log.Warn("microvm: falling back to emulation", "accel", s.accel)
+	} else {
+		log.Info("microvm: accelerator", "accel", s.accel)
 	}
 	return s, nil
 }

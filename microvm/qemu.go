@@ -28,9 +28,10 @@ type QEMU struct {
 	Binary string
 	// Version is what the binary says, e.g. "7.2.22".
 	Version string
-	// UID and GID, when not zero, are the credentials the QEMU process runs
-	// with; Groups are its supplementary groups (the group of /dev/kvm, say).
-	// Credentials returns them per VM, so that each VM has a uid of its own.
+	// Credentials, when not nil, returns the uid, gid and supplementary
+	// groups (the group of /dev/kvm, say) of one QEMU process, and release,
+	// called once the process is gone: each VM has a uid of its own. Nil
+	// means QEMU runs as moat's own user (root): only the KVM probe does.
 	Credentials func() (uid, gid int, groups []uint32, release func(), err error)
 	// Tag marks every QEMU process in its command line (-name), so that
 	// leftovers can be found: "moat-vm:OWNERPID:ID".
