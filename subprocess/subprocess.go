@@ -14,8 +14,10 @@
 //   - rlimits for CPU time, file size, open files, processes and core dumps;
 //   - no_new_privs, Landlock (read-only system directories, read-write only
 //     the working directory, no TCP bind or connect, abstract unix sockets and
-//     signals scoped to the sandbox) and a seccomp filter that denies network
-//     sockets other than AF_UNIX and the dangerous system calls;
+//     signals scoped to the sandbox, where the kernel's ABI has them) and a
+//     seccomp filter that refuses socket() of every family (AF_UNIX too: a
+//     unix socket reaches the host's socket files by path), keeping only
+//     socketpair(AF_UNIX), and the dangerous system calls;
 //   - an empty environment (PATH, HOME, LANG only) and stdin from /dev/null.
 //
 // If any of these cannot be applied, [New] and [Sandbox.Run] return an error

@@ -3,6 +3,7 @@ package subprocess_test
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -289,5 +290,49 @@ func BenchmarkPython3Direct(b *testing.B) {
 		if out, err := cmd.Output(); err != nil || string(out) != "1\n" {
 			b.Fatalf("%v %q", err, out)
 		}
+	}
+}
+
+// TestNoHostUnixSocket: a socket file of the host that every user may
+// write to (as /dev/log or D-Bus's system bus are) cannot be reached.
+// Landlock at ABI < 9 does not govern connect(2) on a unix socket; the
+// seccomp filter refuses socket(AF_UNIX) outright.
+func TestNoHostUnixSocket(t *testing.T) {
+	requireRoot(t)
+	dir, err := os.MkdirTemp("", "moat-sock-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	os.Chmod(dir, 0o755)
+	path := filepath.Join(dir, "s")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	os.Chmod(path, 0o777)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("host-secret"))
+			c.Close()
+		}
+	}()
+	code := "import socket\ntry:\n  s = socket.socket(socket.AF_UNIX)\n  s.connect(" + strconv.Quote(path) + ")\n  print(s.recv(64).decode())\nexcept OSError as e: print('denied', e.errno)"
+	// Positive control: the probe reaches the socket from the host.
+	cmd := exec.Command("/usr/bin/python3", "-c", code)
+	cmd.Env = []string{}
+	if out, err := cmd.Output(); err != nil || strings.TrimSpace(string(out)) != "host-secret" {
+		t.Fatalf("on the host the probe got %q, %v: it is broken", out, err)
+	}
+	sb := newStrict(t, moat.Limits{})
+	defer sb.Close()
+	res := run(t, sb, code)
+	if got := strings.TrimSpace(string(res.Stdout)); got != "denied 1" {
+		t.Errorf("in the sandbox the probe got %q (stderr %q), want denied 1 (EPERM)", got, res.Stderr)
 	}
 }

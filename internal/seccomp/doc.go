@@ -24,8 +24,11 @@
 //     not the running architecture's AUDIT_ARCH, for example i386 through
 //     int 0x80 on amd64) kills the whole process. On amd64 a syscall number
 //     with the x32 bit (0x40000000) set fails with ENOSYS.
-//   - socket and socketpair fail with EAFNOSUPPORT unless the domain is
-//     AF_UNIX: no IPv4, IPv6, netlink, packet, vsock or any other family.
+//   - socket fails for every family: EPERM for AF_UNIX (a unix socket could
+//     connect to any socket file of the host by path, which Landlock before
+//     ABI 9 does not govern, or to an abstract socket by name), EAFNOSUPPORT
+//     for the rest (IPv4, IPv6, netlink, packet, vsock, ...). socketpair
+//     works for AF_UNIX only: a connected pair reaches nothing but itself.
 //   - clone fails with EPERM when its flags ask for a new namespace
 //     (CLONE_NEWNS, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET, NEWCGROUP,
 //     NEWTIME); fork, vfork and pthread_create keep working.

@@ -103,6 +103,7 @@ const nsFlags = unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC |
 // Labels of the program's shared tails.
 const (
 	lblSocket      label = "socket"
+	lblSocketpair  label = "socketpair"
 	lblClone       label = "clone"
 	lblIoctl       label = "ioctl"
 	lblPersonality label = "personality"
@@ -130,7 +131,7 @@ func program() ([]bpf.Instruction, error) {
 
 	// Syscalls whose arguments matter.
 	b.jumpIf(bpf.JumpEqual, unix.SYS_SOCKET, lblSocket, next)
-	b.jumpIf(bpf.JumpEqual, unix.SYS_SOCKETPAIR, lblSocket, next)
+	b.jumpIf(bpf.JumpEqual, unix.SYS_SOCKETPAIR, lblSocketpair, next)
 	b.jumpIf(bpf.JumpEqual, unix.SYS_CLONE, lblClone, next)
 	b.jumpIf(bpf.JumpEqual, unix.SYS_IOCTL, lblIoctl, next)
 	b.jumpIf(bpf.JumpEqual, unix.SYS_PERSONALITY, lblPersonality, next)
@@ -145,8 +146,17 @@ func program() ([]bpf.Instruction, error) {
 	}
 	b.emit(bpf.RetConstant{Val: retAllow})
 
-	// socket(int family, ...), socketpair(int family, ...).
+	// socket(int family, ...): no socket of any family. A unix socket
+	// would reach any socket file on the host by path (Landlock before ABI
+	// 9 does not govern connect), and abstract ones by name (before ABI 6):
+	// EPERM for AF_UNIX, EAFNOSUPPORT for the rest.
 	b.mark(lblSocket)
+	b.emit(bpf.LoadAbsolute{Off: argLow(0), Size: 4})
+	b.jumpIf(bpf.JumpEqual, unix.AF_UNIX, lblEPERM, lblEAFNOSUP)
+
+	// socketpair(int family, ...): a connected pair reaches nothing but
+	// itself, so AF_UNIX pairs stay (asyncio, multiprocessing use them).
+	b.mark(lblSocketpair)
 	b.emit(bpf.LoadAbsolute{Off: argLow(0), Size: 4})
 	b.jumpIf(bpf.JumpEqual, unix.AF_UNIX, lblAllow, lblEAFNOSUP)
 

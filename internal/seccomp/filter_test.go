@@ -196,7 +196,7 @@ func TestFilterActions(t *testing.T) {
 		{"foreign arch zero", call{arch: 0, nr: unix.SYS_GETPID}, actKillProcess},
 		{"foreign arch, native denied nr", call{arch: unix.AUDIT_ARCH_I386, nr: unix.SYS_PTRACE}, actKillProcess},
 
-		{"socket AF_UNIX", native(unix.SYS_SOCKET, unix.AF_UNIX, unix.SOCK_STREAM), actAllow},
+		{"socket AF_UNIX", native(unix.SYS_SOCKET, unix.AF_UNIX, unix.SOCK_STREAM), actEPERM},
 		{"socket AF_INET", native(unix.SYS_SOCKET, unix.AF_INET, unix.SOCK_STREAM), actEAFNOSUP},
 		{"socket AF_INET6", native(unix.SYS_SOCKET, unix.AF_INET6, unix.SOCK_DGRAM), actEAFNOSUP},
 		{"socket AF_NETLINK", native(unix.SYS_SOCKET, unix.AF_NETLINK, unix.SOCK_RAW), actEAFNOSUP},
@@ -205,8 +205,8 @@ func TestFilterActions(t *testing.T) {
 		{"socket AF_UNSPEC", native(unix.SYS_SOCKET, unix.AF_UNSPEC), actEAFNOSUP},
 		// The kernel's family is an int: only the low half counts.
 		{"socket AF_INET, junk high half", native(unix.SYS_SOCKET, high|unix.AF_INET), actEAFNOSUP},
-		{"socket AF_UNIX, junk high half", native(unix.SYS_SOCKET, 0xffffffff<<32|unix.AF_UNIX), actAllow},
-		{"socket AF_INET in the high half", native(unix.SYS_SOCKET, unix.AF_INET<<32|unix.AF_UNIX), actAllow},
+		{"socket AF_UNIX, junk high half", native(unix.SYS_SOCKET, 0xffffffff<<32|unix.AF_UNIX), actEPERM},
+		{"socket AF_INET in the high half", native(unix.SYS_SOCKET, unix.AF_INET<<32|unix.AF_UNIX), actEPERM},
 		{"socketpair AF_UNIX", native(unix.SYS_SOCKETPAIR, unix.AF_UNIX, unix.SOCK_STREAM), actAllow},
 		{"socketpair AF_INET", native(unix.SYS_SOCKETPAIR, unix.AF_INET, unix.SOCK_STREAM), actEAFNOSUP},
 

@@ -307,13 +307,13 @@ func TestInstallProbes(t *testing.T) {
 	}
 	checkProbes(t, rep, map[string]syscall.Errno{
 		"getpid":                              0,
-		"socket AF_UNIX":                      0,
+		"socket AF_UNIX":                      unix.EPERM,
 		"socket AF_INET":                      unix.EAFNOSUPPORT,
 		"socket AF_INET6":                     unix.EAFNOSUPPORT,
 		"socket AF_NETLINK":                   unix.EAFNOSUPPORT,
 		"socket AF_PACKET":                    unix.EAFNOSUPPORT,
 		"socket AF_INET, high half set":       unix.EAFNOSUPPORT,
-		"socket AF_UNIX, high half set":       0,
+		"socket AF_UNIX, high half set":       unix.EPERM,
 		"socketpair AF_UNIX":                  0,
 		"socketpair AF_INET":                  unix.EAFNOSUPPORT,
 		"ptrace":                              unix.EPERM,
