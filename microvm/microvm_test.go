@@ -259,3 +259,14 @@ f()
 		t.Errorf("an uncaught exception two frames deep: exit %d, stderr %q; want exit 1 and a traceback of the code's two frames only", res.ExitCode, stderr)
 	}
 }
+
+// Code larger than the file size limit is not a file the run wrote: a run
+// of it that ends well has no reason.
+func TestCodeOverFileSize(t *testing.T) {
+	sb := open(t, requireVMs(t), moat.Limits{FileSize: 64 * moat.KiB})
+	code := "print('ok')\n#" + strings.Repeat("x", 80<<10) + "\n"
+	res := run(t, sb, code)
+	if string(res.Stdout) != "ok\n" || res.Reason != moat.ReasonNone {
+		t.Errorf("stdout %q, reason %q; want ok and no reason", res.Stdout, res.Reason)
+	}
+}

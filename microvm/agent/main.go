@@ -676,13 +676,18 @@ func eventCount(file, key string) int64 {
 
 // fileAtLimit reports whether a regular file under dirs reached limit
 // bytes: the trace RLIMIT_FSIZE leaves (Python ignores SIGXFSZ and gets
-// EFBIG instead).
+// EFBIG instead). The agent's own files (codeDir: the code, which may be
+// larger than the limit, and the zygote), which the run cannot write, do
+// not count.
 func fileAtLimit(limit int64, dirs ...string) bool {
 	found := false
 	for _, d := range dirs {
 		filepath.WalkDir(d, func(p string, e fs.DirEntry, err error) error {
 			if err != nil {
 				return nil
+			}
+			if e.IsDir() && p == upperFS+"/u"+codeDir {
+				return filepath.SkipDir
 			}
 			if e.Type().IsRegular() {
 				if info, err := e.Info(); err == nil && info.Size() >= limit {
