@@ -386,7 +386,13 @@ func (b *booted) removeOnce() {
 	}
 	if b.cmd != nil && b.cmd.Process != nil {
 		<-b.exited
-		<-b.logDone
+		// Bounded: if the kill left a holder of the log pipe, clean-up
+		// goes on and the reader ends when that holder does.
+		select {
+		case <-b.logDone:
+		case <-time.After(streamDrain):
+			log.Warn("gvisor: cleanup: the sentry's log is still open", "id", b.id)
+		}
 		closeAll([]*os.File{b.stdin, b.stdout, b.stderr})
 		// runsc removes its state when it ends by itself; when it was
 		// killed, its files (all named after the run's id) are still
