@@ -37,6 +37,14 @@ class MoatError(Exception):
         self.retry_after = retry_after
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """moat's server never redirects; following one would send the bearer
+    token wherever a proxy or a forged response points."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
 class Client:
     """A connection to one moat server with one bearer token."""
 
@@ -44,6 +52,7 @@ class Client:
         self.url = url.rstrip("/")
         self.token = token
         self.timeout = timeout
+        self._opener = urllib.request.build_opener(_NoRedirect)
 
     # Transport.
 
@@ -61,7 +70,7 @@ class Client:
             headers["Accept"] = accept
         req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
-            return urllib.request.urlopen(req, timeout=self.timeout)
+            return self._opener.open(req, timeout=self.timeout)
         except urllib.error.HTTPError as e:
             raise _error(e) from None
 

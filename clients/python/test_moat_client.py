@@ -92,3 +92,47 @@ class ClientTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class RedirectTest(unittest.TestCase):
+    """A redirect is refused, so the bearer token never follows it."""
+
+    def test_token_does_not_follow_a_redirect(self):
+        import http.server
+        import threading
+
+        seen = []
+
+        class Sink(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                seen.append(self.headers.get("Authorization"))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        sink = http.server.HTTPServer(("127.0.0.1", 0), Sink)
+
+        class Redirect(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(302)
+                self.send_header("Location", "http://127.0.0.1:%d/stolen" % sink.server_port)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        redirect = http.server.HTTPServer(("127.0.0.1", 0), Redirect)
+        for srv in (sink, redirect):
+            threading.Thread(target=srv.serve_forever, daemon=True).start()
+        try:
+            c = Client("http://127.0.0.1:%d" % redirect.server_port, "secret-token")
+            with self.assertRaises(MoatError) as ctx:
+                c.levels()
+            self.assertEqual(ctx.exception.status, 302)
+            self.assertEqual(seen, [])
+        finally:
+            for srv in (sink, redirect):
+                srv.shutdown()
+                srv.server_close()
