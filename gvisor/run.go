@@ -222,7 +222,7 @@ func (b *booted) use(ctx context.Context, req moat.Request, start time.Time) (*m
 
 	base, _ := b.group.CPUUsage()
 	var cpuOver atomic.Bool
-	stop := b.watchCPU(base, time.Duration(lim.CPUTime), &cpuOver)
+	stop := b.group.WatchCPU(base, time.Duration(lim.CPUTime), func() { b.kill() }, &cpuOver)
 	select {
 	case <-b.exited:
 	case <-runCtx.Done():
@@ -324,36 +324,6 @@ func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
 		return false
 	}
 }
-
-// watchCPU kills the run's cgroup once it has used limit of CPU time past
-// base (what booting used), and sets over. The returned function stops
-// watching.
-func (b *booted) watchCPU(base, limit time.Duration, over *atomic.Bool) (stop func()) {
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		tick := time.NewTicker(cpuPoll)
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-tick.C:
-			}
-			used, err := b.group.CPUUsage()
-			if err != nil || used-base >= limit {
-				over.Store(true)
-				b.kill()
-				return
-			}
-		}
-	})
-	return func() { close(done); wg.Wait() }
-}
-
-// cpuPoll is how often a run's CPU account is read. A run overshoots its
-// CPU limit by at most this times the number of CPUs.
-const cpuPoll = 100 * time.Millisecond
 
 // kill kills runsc and everything in the run's cgroup: the whole sandbox,
 // whatever state it is in. runsc itself is killed directly too, in case it

@@ -1034,30 +1034,17 @@ func (ss *Session) runInterpreter(ctx context.Context, req moat.Request) (*moat.
 	watchers.Add(1)
 	go func() {
 		defer watchers.Done()
-		var tick <-chan time.Time
-		if in.group != nil {
-			t := time.NewTicker(cpuPoll)
-			defer t.Stop()
-			tick = t.C
-		}
-		for {
-			select {
-			case <-finished:
-				return
-			case <-runCtx.Done():
-				killedByUs.Store(true)
-				in.kill()
-				return
-			case <-tick:
-				used, err := in.group.CPUUsage()
-				if err != nil || used-baseCPU >= time.Duration(lim.CPUTime) {
-					cpuOver.Store(true)
-					in.kill()
-					return
-				}
-			}
+		select {
+		case <-finished:
+		case <-runCtx.Done():
+			killedByUs.Store(true)
+			in.kill()
 		}
 	}()
+	stopCPU := func() {}
+	if in.group != nil {
+		stopCPU = in.group.WatchCPU(baseCPU, time.Duration(lim.CPUTime), in.kill, &cpuOver)
+	}
 
 	msg := make([]byte, 0, 1+nonceLen+4+len(req.Code))
 	msg = append(msg, 'R')
@@ -1108,6 +1095,7 @@ func (ss *Session) runInterpreter(ctx context.Context, req moat.Request) (*moat.
 	}
 	close(finished)
 	watchers.Wait()
+	stopCPU()
 	end := time.Now()
 
 	var events cgroup.Events

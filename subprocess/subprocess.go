@@ -640,7 +640,7 @@ func (r *run) exec(ctx context.Context, arg []byte) (*moat.Result, error) {
 	if r.group != nil {
 		// RLIMIT_CPU bounds each process; the cgroup's account bounds the
 		// run as a whole, children included.
-		stop := r.watchCPU(h.cmd.Process, time.Duration(lim.CPUTime), &cpuOver)
+		stop := r.group.WatchCPU(0, time.Duration(lim.CPUTime), func() { h.cmd.Process.Kill() }, &cpuOver)
 		defer stop()
 	}
 	waitErr := h.cmd.Wait()
@@ -730,35 +730,6 @@ func (r *run) exec(ctx context.Context, arg []byte) (*moat.Result, error) {
 	res.Duration = end.Sub(r.start)
 	return res, nil
 }
-
-// watchCPU kills p, the helper, once the run's cgroup has used limit of
-// CPU time, and sets over. The returned function stops watching.
-func (r *run) watchCPU(p *os.Process, limit time.Duration, over *atomic.Bool) (stop func()) {
-	done, finished := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(finished)
-		tick := time.NewTicker(cpuPoll)
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-tick.C:
-			}
-			used, err := r.group.CPUUsage()
-			if err != nil || used >= limit {
-				over.Store(true)
-				p.Kill()
-				return
-			}
-		}
-	}()
-	return func() { close(done); <-finished }
-}
-
-// cpuPoll is how often a run's CPU account is read. A run overshoots its
-// CPU limit by at most this times the number of CPUs.
-const cpuPoll = 100 * time.Millisecond
 
 // memoryErrorAtEnd reports whether Python ended on a MemoryError, which is
 // how RLIMIT_AS shows (tutorial hardening only; the code could print it).

@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -395,4 +396,36 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// CPUPoll is how often WatchCPU reads the group's CPU account. A run
+// overshoots its CPU limit by at most this times the number of CPUs.
+const CPUPoll = 100 * time.Millisecond
+
+// WatchCPU calls kill, once, when the group has used limit of CPU time
+// beyond base (what it had used before the run began), and sets over first.
+// An account that cannot be read counts as over: the watch fails closed.
+// The returned function stops watching and waits until the watcher has
+// stopped, so the group may be removed after it.
+func (g *Group) WatchCPU(base, limit time.Duration, kill func(), over *atomic.Bool) (stop func()) {
+	done, finished := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(finished)
+		tick := time.NewTicker(CPUPoll)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+			used, err := g.CPUUsage()
+			if err != nil || used-base >= limit {
+				over.Store(true)
+				kill()
+				return
+			}
+		}
+	}()
+	return func() { close(done); <-finished }
 }

@@ -8,8 +8,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // newManager detects a parent of this test process's own and removes it at
@@ -241,5 +243,49 @@ func TestOwnerPid(t *testing.T) {
 		if ok != c.ok || (ok && pid != c.pid) {
 			t.Errorf("OwnerPid(%q) = %d, %v; want %d, %v", c.name, pid, ok, c.pid, c.ok)
 		}
+	}
+}
+
+// TestWatchCPU: a busy loop in the group is killed once it has used the
+// limit beyond the base, and a stopped watch kills nothing.
+func TestWatchCPU(t *testing.T) {
+	m := newManager(t)
+	g, err := m.New("1-watch", Limits{Memory: 64 << 20, Pids: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { g.Kill(); g.Remove() }()
+
+	idle := start(t, g, "sleep 30")
+	var quiet atomic.Bool
+	stop := g.WatchCPU(0, time.Hour, func() { idle.Process.Kill() }, &quiet)
+	time.Sleep(3 * CPUPoll)
+	stop()
+	if quiet.Load() {
+		t.Error("an idle group under an hour's limit was judged over it")
+	}
+	idle.Process.Kill()
+	idle.Wait()
+
+	base, err := g.CPUUsage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	busy := start(t, g, "while :; do :; done")
+	var over atomic.Bool
+	killed := make(chan struct{})
+	stop = g.WatchCPU(base, 300*time.Millisecond, func() { busy.Process.Kill(); close(killed) }, &over)
+	defer stop()
+	select {
+	case <-killed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("a busy loop past a 300ms CPU limit was not killed")
+	}
+	busy.Wait()
+	if !over.Load() {
+		t.Error("over not set when the watch killed")
+	}
+	if used, _ := g.CPUUsage(); used-base < 300*time.Millisecond {
+		t.Errorf("killed after %v of CPU, before the 300ms limit", used-base)
 	}
 }
