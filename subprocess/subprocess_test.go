@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/internal/owner"
 	"github.com/moatsandbox/moat/sandboxtest"
 	"github.com/moatsandbox/moat/subprocess"
 )
@@ -44,11 +45,16 @@ func TestConformance(t *testing.T) {
 }
 
 // leftovers lists what a finished run could leave on the host: working
-// directories and cgroups of this process.
+// directories and cgroups named after this process's owner id (the one
+// every sandbox of this process uses).
 func leftovers() []string {
+	id, err := owner.Self("/run/moat/owners")
+	if err != nil {
+		return []string{"no owner id: " + err.Error()}
+	}
 	var out []string
-	prefix := strconv.Itoa(os.Getpid()) + "-"
-	for _, dir := range []string{"/run/moat/runs", "/sys/fs/cgroup/memory/moat", "/sys/fs/cgroup/pids/moat", "/sys/fs/cgroup/moat"} {
+	prefix := id + "-"
+	for _, dir := range []string{"/run/moat/runs", "/sys/fs/cgroup/memory/moat", "/sys/fs/cgroup/pids/moat", "/sys/fs/cgroup/cpuacct/moat", "/sys/fs/cgroup/moat"} {
 		entries, _ := os.ReadDir(dir)
 		for _, e := range entries {
 			if strings.HasPrefix(e.Name(), prefix) {
