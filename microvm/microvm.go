@@ -113,6 +113,7 @@ import (
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/image"
+	"github.com/moatsandbox/moat/internal/owner"
 	"github.com/moatsandbox/moat/internal/capture"
 	"github.com/moatsandbox/moat/internal/uidpool"
 	"github.com/moatsandbox/moat/microvm/internal/wire"
@@ -449,7 +450,11 @@ func prepare(ctx context.Context, cfg Config, log *slog.Logger) (*Sandbox, error
 		Kernel: k.Image, Initrd: initrd, Disk: disk, NoACPI: k.NoACPI,
 		MemoryMiB: GuestMemoryMiB(s.limits), VCPUs: cfg.VCPUs,
 	}
-	s.vmm = &QEMU{Binary: cfg.QEMU, Version: version, Tag: vmTag}
+	tag, err := vmTagger()
+	if err != nil {
+		return nil, unavailable("cannot record this process as an owner in "+ownersDir, "", err)
+	}
+	s.vmm = &QEMU{Binary: cfg.QEMU, Version: version, Tag: tag}
 
 	// The accelerator.
 	switch {
@@ -534,18 +539,32 @@ func qemuVersion(ctx context.Context, bin string) (string, error) {
 // runDir holds moat's runtime files of this level (the uid pool's locks).
 const runDir = "/run/moat/microvm"
 
-// vmTag marks a QEMU process of this moat process: "moat-vm:PID:RANDOM".
-func vmTag() string {
-	var b [6]byte
-	rand.Read(b[:])
-	return fmt.Sprintf("%s%d:%s", tagPrefix, os.Getpid(), hex.EncodeToString(b[:]))
+// ownersDir is where moat processes hold their owner ids (package owner),
+// shared with the other levels.
+const ownersDir = "/run/moat/owners"
+
+// vmTagger returns the tag of this moat process's QEMU processes,
+// "moat-vm:OWNER:RANDOM", OWNER being its owner id: a pid would mean
+// nothing to a moat in another PID namespace, which would take a live
+// owner's VMs for leftovers.
+func vmTagger() (func() string, error) {
+	id, err := owner.Self(ownersDir)
+	if err != nil {
+		return nil, err
+	}
+	return func() string {
+		var b [6]byte
+		rand.Read(b[:])
+		return tagPrefix + id + ":" + hex.EncodeToString(b[:])
+	}, nil
 }
 
 const tagPrefix = "moat-vm:"
 
 // vmProcess is a QEMU process of moat, found by its tag.
 type vmProcess struct {
-	pid, owner int
+	pid   int
+	owner string // owner id
 }
 
 // listVMs returns the QEMU processes that carry moat's tag.
@@ -565,8 +584,7 @@ func listVMs() []vmProcess {
 		for i := 0; i+1 < len(args); i++ {
 			if args[i] == "-name" && strings.HasPrefix(args[i+1], tagPrefix) {
 				rest := strings.TrimPrefix(args[i+1], tagPrefix)
-				owner, _ := strconv.Atoi(strings.SplitN(rest, ":", 2)[0])
-				out = append(out, vmProcess{pid: pid, owner: owner})
+				out = append(out, vmProcess{pid: pid, owner: strings.SplitN(rest, ":", 2)[0]})
 				break
 			}
 		}
@@ -578,7 +596,7 @@ func listVMs() []vmProcess {
 // files such processes left in the state directory.
 func reap(stateDir string, log *slog.Logger) {
 	for _, p := range listVMs() {
-		if p.owner == os.Getpid() || (p.owner > 0 && syscall.Kill(p.owner, 0) == nil) {
+		if _, ok := owner.Of(p.owner + "-"); !ok || owner.Alive(ownersDir, p.owner) {
 			continue
 		}
 		if err := syscall.Kill(p.pid, syscall.SIGKILL); err == nil {

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/internal/owner"
 	"github.com/moatsandbox/moat/sandboxtest"
 )
 
@@ -63,9 +64,13 @@ func open(t *testing.T, cfg Config, l moat.Limits) *Sandbox {
 
 // leftovers lists this process's QEMU processes that are still there.
 func leftovers() []string {
+	me, err := owner.Self(ownersDir)
+	if err != nil {
+		return []string{"no owner id: " + err.Error()}
+	}
 	var out []string
 	for _, p := range listVMs() {
-		if p.owner == os.Getpid() {
+		if p.owner == me {
 			out = append(out, fmt.Sprintf("qemu pid %d", p.pid))
 		}
 	}

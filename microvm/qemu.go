@@ -34,7 +34,8 @@ type QEMU struct {
 	// means QEMU runs as moat's own user (root): only the KVM probe does.
 	Credentials func() (uid, gid int, groups []uint32, release func(), err error)
 	// Tag marks every QEMU process in its command line (-name), so that
-	// leftovers can be found: "moat-vm:OWNERPID:ID".
+	// leftovers can be found: "moat-vm:OWNER:ID", OWNER being the owner id
+	// of package owner.
 	Tag func() string
 }
 
