@@ -113,8 +113,8 @@ import (
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/image"
-	"github.com/moatsandbox/moat/internal/owner"
 	"github.com/moatsandbox/moat/internal/capture"
+	"github.com/moatsandbox/moat/internal/owner"
 	"github.com/moatsandbox/moat/internal/uidpool"
 	"github.com/moatsandbox/moat/microvm/internal/wire"
 )

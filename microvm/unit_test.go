@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/moatsandbox/moat/internal/owner"
 	"io"
 	"log/slog"
 	"net"
@@ -20,6 +19,7 @@ import (
 	"time"
 
 	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/internal/owner"
 	"github.com/moatsandbox/moat/microvm/internal/wire"
 )
 
