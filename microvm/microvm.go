@@ -425,7 +425,7 @@ func prepare(ctx context.Context, cfg Config, log *slog.Logger) (*Sandbox, error
 	if err != nil {
 		return nil, unavailable("QEMU is not installed", setupRemedy+" (apt-get install qemu-system-x86)", err)
 	}
-	uids, err := uidpool.New(cfg.UIDFirst, cfg.UIDCount, filepath.Join(runDir, "uids"))
+	uids, err := uidpool.New(cfg.UIDFirst, cfg.UIDCount, uidpool.HostDir)
 	if err != nil {
 		return nil, unavailable("cannot set up the uid pool for QEMU", "", err)
 	}

@@ -24,8 +24,14 @@ type Pool struct {
 	dir          string
 }
 
+// HostDir is the lock directory every pool of a root moat uses, whatever
+// its level or run directory: one lock file per uid for the whole host, so
+// that two moat processes configured with different run directories (or
+// levels with overlapping ranges) never lease the same uid at once.
+const HostDir = "/run/moat/uids"
+
 // New returns a pool over [first, first+count), locked through files in dir
-// (created 0700 if missing).
+// (created 0700 if missing). A root moat passes HostDir.
 func New(first, count int, dir string) (*Pool, error) {
 	if first <= 0 || count <= 0 || first+count > 1<<31 {
 		return nil, fmt.Errorf("uidpool: bad range %d+%d", first, count)
