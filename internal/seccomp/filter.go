@@ -92,6 +92,20 @@ var deniedCommon = []uint32{
 	unix.SYS_ADJTIMEX,
 }
 
+// deniedSocket lists the calls that give a socket an address. socket() is
+// refused, so the only sockets a sandbox has are socketpair ends, connected
+// to each other from the start: bind and connect could only re-aim one at
+// an address outside (a host socket file, an abstract name) or squat a
+// name. The run's own mount and network namespaces already hide those
+// addresses; this refuses the re-aiming itself.
+var deniedSocket = []uint32{
+	unix.SYS_CONNECT,
+	unix.SYS_BIND,
+	unix.SYS_LISTEN,
+	unix.SYS_ACCEPT,
+	unix.SYS_ACCEPT4,
+}
+
 // nsFlags are the clone flags that create namespaces. CLONE_NEWTIME (0x80)
 // lies inside clone's exit-signal byte, so for clone it only refuses exit
 // signals of 128 and above, which are not signals; it is listed so that
@@ -139,6 +153,9 @@ func program() ([]bpf.Instruction, error) {
 
 	// Syscalls denied outright.
 	for _, nr := range deniedCommon {
+		b.jumpIf(bpf.JumpEqual, nr, lblEPERM, next)
+	}
+	for _, nr := range deniedSocket {
 		b.jumpIf(bpf.JumpEqual, nr, lblEPERM, next)
 	}
 	for _, nr := range deniedArch {
