@@ -61,6 +61,10 @@ type spec struct {
 	// would not survive it); 0 means none.
 	AddressSpace uint64 `json:"as,omitempty"`
 
+	// Root, when set, is the run's own view of the filesystem (root.go),
+	// entered before anything else restricts the helper.
+	Root *rootSpec `json:"root,omitempty"`
+
 	NoNewPrivs bool      `json:"nnp,omitempty"`
 	Landlock   *lockSpec `json:"landlock,omitempty"`
 	Seccomp    bool      `json:"seccomp,omitempty"`
@@ -107,6 +111,11 @@ func helperMain() int {
 	for _, f := range sp.Cgroups {
 		if err := os.WriteFile(f, []byte("0"), 0); err != nil {
 			return fail("join cgroup", err)
+		}
+	}
+	if sp.Root != nil {
+		if err := enterRoot(sp.Root); err != nil {
+			return fail("root", err)
 		}
 	}
 	for _, r := range sp.Rlimits {

@@ -5,6 +5,13 @@
 //
 //   - a PID namespace whose init is moat's helper, so that the whole process
 //     tree dies with the run, double-forks and setsid included;
+//   - a root of its own (root.go): a private mount namespace holding only
+//     read-only binds of the system directories, a few device nodes, the
+//     working directory and a procfs of the run's own PID namespace
+//     (hidepid), so that no other path of the host (socket files, /run,
+//     /tmp, other runs, host processes) exists for the code by any name;
+//   - a network namespace of its own with only a loopback that is down: no
+//     host interface, address or route, and abstract unix names of its own;
 //   - a per-run cgroup (v2, or the v1 memory and pids hierarchies) for the
 //     memory and process limits;
 //   - a dedicated unprivileged uid and gid from a configurable range, so that
@@ -17,7 +24,8 @@
 //     signals scoped to the sandbox, where the kernel's ABI has them) and a
 //     seccomp filter that refuses socket() of every family (AF_UNIX too: a
 //     unix socket reaches the host's socket files by path), keeping only
-//     socketpair(AF_UNIX), and the dangerous system calls;
+//     socketpair(AF_UNIX), refuses bind, connect, listen and accept (which
+//     could only re-aim a socketpair end), and the dangerous system calls;
 //   - an empty environment (PATH, HOME, LANG only) and stdin from /dev/null.
 //
 // If any of these cannot be applied, [New] and [Sandbox.Run] return an error
@@ -145,6 +153,8 @@ type Sandbox struct {
 	owner     string
 	ownersDir string
 	cg        *cgroup.Manager // strict only
+	prefix    []string        // strict only: the interpreter's own tree, if outside readOnlyDirs
+	rootDir   string          // strict only: where the helpers mount the runs' roots
 	uids      *uidpool.Pool   // strict only
 	notes     []string
 	log       *slog.Logger
@@ -210,6 +220,7 @@ func (s *Sandbox) details() []string {
 		d = append(d,
 			fmt.Sprintf("cgroup: v%d (memory, pids, cpu account)", s.cg.Version()),
 			fmt.Sprintf("landlock: ABI %d", abi),
+			"namespaces: pid, ipc, net (loopback down), mount (own root, own procfs with hidepid)",
 			"seccomp: filter installed per run",
 			fmt.Sprintf("uids: %d-%d", s.cfg.UIDFirst, s.cfg.UIDFirst+s.cfg.UIDCount-1))
 	}
@@ -310,13 +321,22 @@ func prepare(cfg Config) (*Sandbox, error) {
 		return nil, unavailable("no usable memory and pids cgroup controllers", "mount cgroup v2 with memory and pids enabled, or the v1 memory and pids hierarchies", err)
 	}
 	s.cg = cg
-	uids, err := uidpool.New(cfg.UIDFirst, cfg.UIDCount, filepath.Join(runDir, "uids"))
+	uids, err := uidpool.New(cfg.UIDFirst, cfg.UIDCount, uidpool.HostDir)
 	if err != nil {
 		return nil, unavailable("cannot set up the uid pool", "", err)
 	}
 	s.uids = uids
 	if err := othersCanExecute(s.python); err != nil {
 		return nil, unavailable("the sandbox uids cannot run "+s.python, "install python3 from the system's packages or set python to an interpreter outside private home directories", err)
+	}
+	if s.prefix, err = pythonPrefix(s.python, runDir); err != nil {
+		return nil, unavailable("the interpreter's prefix is too broad to open to the code", "install python3 under a prefix of its own (PREFIX/bin/python3, such as /opt/python3.11/bin/python3)", err)
+	}
+	// The mount point of the runs' own roots (root.go): mounted over in
+	// the helpers' private mount namespaces only.
+	s.rootDir = filepath.Join(runDir, "root")
+	if err := os.MkdirAll(s.rootDir, 0o700); err != nil {
+		return nil, unavailable("cannot create "+s.rootDir, "", err)
 	}
 	return s, nil
 }
@@ -565,8 +585,17 @@ func (s *Sandbox) runSpec(dir string, uid, gid int, group *cgroup.Group, args []
 	sp.Rlimits = append(sp.Rlimits, rlimit{unix.RLIMIT_NPROC, uint64(lim.Pids), uint64(lim.Pids)})
 	sp.NoNewPrivs = true
 	sp.Seccomp = true
+	ro := append(append([]string{}, readOnlyDirs...), s.prefix...)
+	sp.Root = &rootSpec{Mount: s.rootDir, ReadOnly: ro, Devices: rwFiles, Work: dir}
+	for _, f := range readOnlyFiles {
+		if strings.HasPrefix(f, "/dev/") {
+			sp.Root.Devices = append(sp.Root.Devices, f) // Landlock keeps them read-only
+		} else {
+			sp.Root.ReadOnly = append(sp.Root.ReadOnly, f)
+		}
+	}
 	sp.Landlock = &lockSpec{
-		ReadOnly:  append(append([]string{}, readOnlyDirs...), pythonPrefix(s.python)...),
+		ReadOnly:  ro,
 		ReadFiles: readOnlyFiles,
 		RWFiles:   rwFiles,
 		Work:      dir,
@@ -589,19 +618,32 @@ func mountWorkDir(dir string, disk moat.Bytes, uid, gid int) error {
 }
 
 // pythonPrefix returns the installation prefix of an interpreter that lives
-// outside the standard read-only directories, so that it can load its
-// standard library.
-func pythonPrefix(python string) []string {
+// outside the standard read-only directories (bin/python3 under it), which
+// the code must be able to read for python3 to load its standard library.
+// A prefix that would open more than the interpreter's own tree (/, a
+// top-level directory such as /opt or /home, or one that holds moat's run
+// directory) is refused: the interpreter must live in a directory of its
+// own.
+func pythonPrefix(python, runDir string) ([]string, error) {
 	real, err := filepath.EvalSymlinks(python)
 	if err != nil {
-		return nil
+		return nil, err
 	}
 	for _, d := range readOnlyDirs {
 		if strings.HasPrefix(real, d+"/") {
-			return nil
+			return nil, nil
 		}
 	}
-	return []string{filepath.Dir(filepath.Dir(real))}
+	prefix := filepath.Dir(filepath.Dir(real))
+	if prefix == "/" || filepath.Dir(prefix) == "/" {
+		return nil, fmt.Errorf("%s would need all of %s readable", real, prefix)
+	}
+	for _, d := range []string{runDir, "/run/moat"} {
+		if d == prefix || strings.HasPrefix(d, prefix+"/") {
+			return nil, fmt.Errorf("%s would make moat's directory %s readable", real, d)
+		}
+	}
+	return []string{prefix}, nil
 }
 
 // exec hands the spec to a helper and waits for the run to end.

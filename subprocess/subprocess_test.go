@@ -85,11 +85,11 @@ func TestStrictIsolation(t *testing.T) {
 		name, code, want string
 	}{
 		{"dedicated uid", "import os; print(os.getuid() >= 2100000000, os.getgid() >= 2100000000, os.getgroups())", "True True []"},
-		{"no host home", "import os\ntry:\n  os.listdir('/root'); print('read')\nexcept PermissionError: print('denied')", "denied"},
-		{"no /etc/passwd", "try:\n  open('/etc/passwd').read(); print('read')\nexcept PermissionError: print('denied')", "denied"},
-		{"no /tmp", "try:\n  open('/tmp/moat-x','w'); print('wrote')\nexcept PermissionError: print('denied')", "denied"},
+		{"no host home", "import os\ntry:\n  os.listdir('/root'); print('read')\nexcept (PermissionError, FileNotFoundError): print('denied')", "denied"},
+		{"no /etc/passwd", "try:\n  open('/etc/passwd').read(); print('read')\nexcept (PermissionError, FileNotFoundError): print('denied')", "denied"},
+		{"no /tmp", "try:\n  open('/tmp/moat-x','w'); print('wrote')\nexcept (PermissionError, FileNotFoundError): print('denied')", "denied"},
 		{"no /dev/shm", "try:\n  open('/dev/shm/moat-x','w'); print('wrote')\nexcept (PermissionError, FileNotFoundError): print('denied')", "denied"},
-		{"no /proc", "try:\n  open('/proc/1/environ','rb').read(); print('read')\nexcept PermissionError: print('denied')", "denied"},
+		{"no /proc", "try:\n  open('/proc/1/environ','rb').read(); print('read')\nexcept (PermissionError, FileNotFoundError): print('denied')", "denied"},
 		{"no inet socket", "import socket\ntry:\n  socket.socket(socket.AF_INET); print('socket')\nexcept OSError as e: print(e.errno)", "97"},
 		{"no inet6 socket", "import socket\ntry:\n  socket.socket(socket.AF_INET6); print('socket')\nexcept OSError as e: print(e.errno)", "97"},
 		{"unix socket allowed", "import socket; s=socket.socketpair(); s[0].send(b'ok'); print(s[1].recv(2).decode())", "ok"},

@@ -58,7 +58,8 @@ func (s *Sandbox) startHelper() (*helperProc, error) {
 }
 
 // helperCmd returns the command of a helper, for Start once its files are
-// set. It runs in fresh PID and IPC namespaces (and a user namespace mapping
+// set. It runs in fresh PID and IPC namespaces (and, with strict hardening,
+// a network namespace) (and a user namespace mapping
 // only moat's ids when moat is not root): the run's processes die with the
 // helper, and so do the System V IPC objects and POSIX message queues they
 // made, which would otherwise outlive the run and be open to the next runs
@@ -75,6 +76,13 @@ func (s *Sandbox) helperCmd() *exec.Cmd {
 			Pdeathsig:  syscall.SIGKILL,
 			Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWIPC,
 		},
+	}
+	if s.strict {
+		// A network namespace of the run's own, with only a loopback
+		// that is down: no interface, address or route of the host, and
+		// abstract unix names of its own. Made here, ahead of the run,
+		// since it costs a millisecond or two.
+		cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWNET
 	}
 	if !s.root {
 		cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWUSER
