@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/subprocess"
 )
 
 // The tests in this file check that nothing of the host shows through to a
@@ -286,4 +288,86 @@ func hostInterface(t *testing.T) (string, string) {
 	}
 	t.Fatal("the host has no interface with a MAC and an IPv4 address to look for")
 	return "", ""
+}
+
+// TestUIDLeasesAcrossRunDirs: two moats with different run directories and
+// the same uid range never hand one uid to two runs at once.
+func TestUIDLeasesAcrossRunDirs(t *testing.T) {
+	requireRoot(t)
+	first := 2100000000 + 60000 + int(time.Now().UnixNano()%1000)
+	mk := func() moat.Sandbox {
+		dir, err := os.MkdirTemp("/run", "moat-rundir-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		sb, err := subprocess.New(subprocess.Config{RunDir: dir, UIDFirst: first, UIDCount: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { sb.Close() })
+		return sb
+	}
+	a, b := mk(), mk()
+	started := make(chan struct{})
+	done := make(chan *moat.Result)
+	var out bytes.Buffer
+	go func() {
+		w := &notifyWriter{w: &out, first: started}
+		res, err := a.Run(context.Background(), moat.Request{Code: []byte("import time\nprint('up', flush=True)\ntime.sleep(2)"), Stdout: w})
+		if err != nil {
+			t.Error(err)
+			w.Write(nil) // let the test go on
+		}
+		done <- res
+	}()
+	<-started
+	res, err := b.Run(context.Background(), moat.Request{Code: []byte("print('ran')")})
+	if err == nil {
+		t.Errorf("a second moat leased the uid a running run holds: %q", res.Stdout)
+	}
+	<-done
+}
+
+// notifyWriter closes first on the first write.
+type notifyWriter struct {
+	w     *bytes.Buffer
+	first chan struct{}
+	once  bool
+}
+
+func (n *notifyWriter) Write(p []byte) (int, error) {
+	if !n.once {
+		n.once = true
+		close(n.first)
+	}
+	return n.w.Write(p)
+}
+
+// TestBroadPythonPrefixRefused: an interpreter whose prefix would be / or a
+// top-level directory is refused, rather than opening all of it to the code.
+func TestBroadPythonPrefixRefused(t *testing.T) {
+	requireRoot(t)
+	dir, err := os.MkdirTemp("/tmp", "moat-py-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	os.Chmod(dir, 0o755)
+	py := filepath.Join(dir, "python3") // prefix: /tmp
+	src, err := os.ReadFile("/usr/bin/python3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(py, src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sb, err := subprocess.New(subprocess.Config{Python: py})
+	if err == nil {
+		sb.Close()
+		t.Fatalf("python at %s was accepted: its prefix /tmp would be readable by the code", py)
+	}
+	if !errors.Is(err, moat.ErrUnavailable) {
+		t.Errorf("got %v, want an error wrapping ErrUnavailable", err)
+	}
 }
