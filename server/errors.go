@@ -22,6 +22,7 @@ var (
 	errCodeTooLarge  = errors.New("server: code too large")
 	errTooMany       = errors.New("server: too many sessions for this token")
 	errBusy          = errors.New("server: too many runs waiting")
+	errTokenBusy     = errors.New("server: too many runs of this token running and waiting")
 	errQueueTimeout  = errors.New("server: no run slot freed in time")
 	errNoSessions    = errors.New("server: this level does not support sessions")
 	errUnknownLevel  = errors.New("server: level not served")
@@ -48,6 +49,7 @@ var errorTable = []struct {
 	{errUnknownLevel, http.StatusBadRequest, "unknown_level"},
 	{moat.ErrInvalid, http.StatusBadRequest, "invalid"},
 	{errTooMany, http.StatusTooManyRequests, "too_many_sessions"},
+	{errTokenBusy, http.StatusTooManyRequests, "token_busy"},
 	{errBusy, http.StatusTooManyRequests, "busy"},
 	{errQueueTimeout, http.StatusServiceUnavailable, "queue_timeout"},
 	{errNoSessions, http.StatusNotImplemented, "sessions_unsupported"},

@@ -16,6 +16,8 @@ type metrics struct {
 	rejected   *prometheus.CounterVec
 	recovered  prometheus.Counter
 	sessionEnd *prometheus.CounterVec
+	overflows  prometheus.Counter
+	conns      prometheus.Gauge
 }
 
 func newMetrics() *metrics {
@@ -44,7 +46,7 @@ func newMetrics() *metrics {
 		}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "moat_runs_rejected_total",
-			Help: "Runs refused for load: busy (queue full, 429) or queue_timeout (503).",
+			Help: "Runs refused for load: token_busy (the token's queue share full, 429), busy (queue full, 429) or queue_timeout (503).",
 		}, []string{"why"}),
 		recovered: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "moat_sessions_recovered_total",
@@ -54,8 +56,16 @@ func newMetrics() *metrics {
 			Name: "moat_sessions_ended_total",
 			Help: "Sessions ended, by cause: deleted, expired, idle, shutdown.",
 		}, []string{"cause"}),
+		overflows: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "moat_stream_overflows_total",
+			Help: "Streaming clients that fell more than the stream buffer behind the output, whose live output stopped.",
+		}),
+		conns: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "moat_http_connections",
+			Help: "Connections open on the server's listeners.",
+		}),
 	}
-	m.reg.MustRegister(m.runs, m.latency, m.sessions, m.queue, m.running, m.rejected, m.recovered, m.sessionEnd,
+	m.reg.MustRegister(m.runs, m.latency, m.sessions, m.queue, m.running, m.rejected, m.recovered, m.sessionEnd, m.overflows, m.conns,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
 }

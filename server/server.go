@@ -1,6 +1,7 @@
 // Package server is moat's HTTP API: one-shot runs, sessions with files and
 // an optional live interpreter, streaming of a run's output as server-sent
-// events, bearer-token auth, caps and a bounded run queue, Prometheus
+// events, bearer-token auth, caps, run slots shared fairly between tokens
+// with a bounded queue, timeouts that no slow client outlasts, Prometheus
 // metrics, and session records in an embedded database so that a restarted
 // server knows what a crashed one left behind.
 //
@@ -34,7 +35,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -89,6 +89,45 @@ type Config struct {
 	// QueueWait is the longest a run waits for a slot before it gets 503
 	// with Retry-After. Zero means 30s.
 	QueueWait moat.Duration `json:"queue_wait,omitempty"`
+	// MaxRunsPerToken is how many runs of one token execute at once, so
+	// that one token cannot take every slot: its further runs wait in the
+	// queue while other tokens' runs start. Zero means half of
+	// MaxConcurrentRuns, rounded up, or all of them when there is one
+	// token; more than MaxConcurrentRuns means MaxConcurrentRuns.
+	MaxRunsPerToken int `json:"max_runs_per_token,omitempty"`
+	// QueuePerToken is how many runs of one token may wait for a slot;
+	// one more gets 429 token_busy with Retry-After. Zero means half of
+	// QueueLength, rounded up, or all of it when there is one token.
+	QueuePerToken int `json:"queue_per_token,omitempty"`
+	// StreamBuffer is how far a streaming client may fall behind the
+	// code's output, in bytes, before live output to it stops (it gets an
+	// overflow event, then the result when the run ends). The run itself
+	// never waits for a client. Zero means 2MiB, twice the default output
+	// cap.
+	StreamBuffer moat.Bytes `json:"stream_buffer,omitempty"`
+
+	// ReadHeaderTimeout is the longest a connection may take to send a
+	// request's headers; a connection that sends nothing is closed then.
+	// Zero means 10s.
+	ReadHeaderTimeout moat.Duration `json:"read_header_timeout,omitempty"`
+	// ReadTimeout is the longest a connection may take to send a whole
+	// request, headers and body. It does not bound the handling: a run
+	// may last longer. Zero means 1m.
+	ReadTimeout moat.Duration `json:"read_timeout,omitempty"`
+	// WriteTimeout is the longest one write of a response may block on a
+	// client that does not read; the client is then dropped as gone, and a
+	// run still going for it is cancelled, as when a client disconnects
+	// (a streaming run whose client stopped reading while output was
+	// being sent to it). It is set anew before each write, so a long
+	// stream is not bounded by it. Zero means 30s.
+	WriteTimeout moat.Duration `json:"write_timeout,omitempty"`
+	// ConnIdleTimeout closes a keep-alive connection that sends no new
+	// request for that long. Zero means 1m.
+	ConnIdleTimeout moat.Duration `json:"conn_idle_timeout,omitempty"`
+	// MaxConnections caps the connections Serve holds open at once, with
+	// or without a token; further ones wait in the listen backlog until
+	// one closes. Zero means 512.
+	MaxConnections int `json:"max_connections,omitempty"`
 
 	// SessionTTL is a session's time to live when the request names none.
 	// Zero means 30m.
@@ -148,6 +187,38 @@ func (c Config) withDefaults() Config {
 	if c.QueueWait == 0 {
 		c.QueueWait = moat.Duration(30 * time.Second)
 	}
+	// With one token there is no one to be fair to.
+	if c.MaxRunsPerToken == 0 {
+		c.MaxRunsPerToken = (c.MaxConcurrentRuns + 1) / 2
+		if len(c.Tokens) == 1 {
+			c.MaxRunsPerToken = c.MaxConcurrentRuns
+		}
+	}
+	c.MaxRunsPerToken = min(c.MaxRunsPerToken, c.MaxConcurrentRuns)
+	if c.QueuePerToken == 0 {
+		c.QueuePerToken = (c.QueueLength + 1) / 2
+		if len(c.Tokens) == 1 {
+			c.QueuePerToken = c.QueueLength
+		}
+	}
+	if c.StreamBuffer == 0 {
+		c.StreamBuffer = 2 * moat.MiB
+	}
+	if c.ReadHeaderTimeout == 0 {
+		c.ReadHeaderTimeout = moat.Duration(10 * time.Second)
+	}
+	if c.ReadTimeout == 0 {
+		c.ReadTimeout = moat.Duration(time.Minute)
+	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = moat.Duration(30 * time.Second)
+	}
+	if c.ConnIdleTimeout == 0 {
+		c.ConnIdleTimeout = moat.Duration(time.Minute)
+	}
+	if c.MaxConnections == 0 {
+		c.MaxConnections = 512
+	}
 	if c.SessionTTL == 0 {
 		c.SessionTTL = moat.Duration(30 * time.Minute)
 	}
@@ -200,7 +271,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxCodeBytes < 0 || c.MaxBodyBytes < 0 || c.MaxFileBytes < 0 || c.MaxSessionsPerToken < 0 ||
 		c.MaxConcurrentRuns < 0 || c.QueueLength < 0 || c.QueueWait < 0 || c.SessionTTL < 0 ||
-		c.MaxSessionTTL < 0 || c.IdleTimeout < 0 || c.SweepInterval < 0 {
+		c.MaxSessionTTL < 0 || c.IdleTimeout < 0 || c.SweepInterval < 0 ||
+		c.MaxRunsPerToken < 0 || c.QueuePerToken < 0 || c.StreamBuffer < 0 || c.ReadHeaderTimeout < 0 ||
+		c.ReadTimeout < 0 || c.WriteTimeout < 0 || c.ConnIdleTimeout < 0 || c.MaxConnections < 0 {
 		errs = append(errs, errors.New("caps and durations must not be negative"))
 	}
 	if d := c.withDefaults(); d.SessionTTL > d.MaxSessionTTL || d.IdleTimeout > d.MaxSessionTTL {
@@ -235,8 +308,7 @@ type Server struct {
 	tokens  []tokenHash
 	handler http.Handler
 
-	slots  chan struct{} // one per run executing
-	queued atomic.Int64
+	slots *slots
 
 	// base is the parent of every run's context; cancelled when Shutdown
 	// gives up waiting.
@@ -279,7 +351,6 @@ func New(cfg Config) (*Server, error) {
 		log:       cfg.Logger,
 		store:     st,
 		metrics:   newMetrics(),
-		slots:     make(chan struct{}, cfg.MaxConcurrentRuns),
 		sessions:  map[string]*session{},
 		sweepDone: make(chan struct{}),
 		stopSweep: make(chan struct{}),
@@ -290,6 +361,10 @@ func New(cfg Config) (*Server, error) {
 	for _, t := range cfg.Tokens {
 		s.tokens = append(s.tokens, tokenHash{t.Name, sha256.Sum256([]byte(t.Token))})
 	}
+	s.slots = newSlots(cfg.MaxConcurrentRuns, cfg.MaxRunsPerToken, cfg.QueueLength, cfg.QueuePerToken, func(running, waiting int) {
+		s.metrics.running.Set(float64(running))
+		s.metrics.queue.Set(float64(waiting))
+	})
 	s.base, s.cancelBase = context.WithCancel(context.Background())
 	if err := s.recover(); err != nil {
 		st.close()
@@ -336,6 +411,9 @@ func (s *Server) ListenAndServe() error {
 }
 
 // Serve serves on l until Shutdown; it then returns http.ErrServerClosed.
+// It holds at most Config.MaxConnections connections of l open at once and
+// applies the read, write and idle timeouts of the Config; Handler alone
+// applies only the write timeout.
 func (s *Server) Serve(l net.Listener) error {
 	s.mu.Lock()
 	if s.closing {
@@ -346,13 +424,17 @@ func (s *Server) Serve(l net.Listener) error {
 	if s.srv == nil {
 		s.srv = &http.Server{
 			Handler:           s.handler,
-			ReadHeaderTimeout: 10 * time.Second,
-			BaseContext:       func(net.Listener) context.Context { return s.base },
+			ReadHeaderTimeout: time.Duration(s.cfg.ReadHeaderTimeout),
+			ReadTimeout:       time.Duration(s.cfg.ReadTimeout),
+			IdleTimeout:       time.Duration(s.cfg.ConnIdleTimeout),
+			// No WriteTimeout: it would bound the whole handling, a
+			// run included; the handlers set a deadline per write.
+			BaseContext: func(net.Listener) context.Context { return s.base },
 		}
 	}
 	srv := s.srv
 	s.mu.Unlock()
-	return srv.Serve(l)
+	return srv.Serve(newLimitListener(l, s.cfg.MaxConnections, func(delta int) { s.metrics.conns.Add(float64(delta)) }))
 }
 
 // Shutdown stops accepting requests, waits for those in progress until ctx
@@ -466,9 +548,15 @@ func (s *Server) routes() http.Handler {
 	})
 }
 
-// wrap authenticates and turns a handler's error into the JSON error.
+// wrap authenticates and turns a handler's error into the JSON error. The
+// handler's writes have a deadline each (Config.WriteTimeout). (net/http
+// lifts the read deadline once the request is read, so ReadTimeout bounds
+// the reading and not the handling.)
 func (s *Server) wrap(rt route) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		w := newDeadlineWriter(rw, time.Duration(s.cfg.WriteTimeout))
+		// The final flush, after the handler, gets a full deadline too.
+		defer w.extend()
 		owner := ""
 		if !rt.public {
 			var ok bool
@@ -616,43 +704,30 @@ func (s *Server) handleRun(w http.ResponseWriter, r *http.Request, owner string)
 // runFunc is a Sandbox's or a Session's Run.
 type runFunc func(ctx context.Context, req moat.Request) (*moat.Result, error)
 
-// acquireSlot waits in the bounded queue for a run slot.
-func (s *Server) acquireSlot(ctx context.Context) (release func(), err error) {
-	select {
-	case s.slots <- struct{}{}:
-	default:
-		if s.queued.Add(1) > int64(s.cfg.QueueLength) {
-			s.queued.Add(-1)
-			s.metrics.rejected.WithLabelValues("busy").Inc()
-			return nil, fmt.Errorf("%d runs are waiting already: %w", s.cfg.QueueLength, errBusy)
-		}
-		s.metrics.queue.Set(float64(s.queued.Load()))
-		timer := time.NewTimer(time.Duration(s.cfg.QueueWait))
-		defer func() {
-			timer.Stop()
-			s.metrics.queue.Set(float64(s.queued.Add(-1)))
-		}()
-		select {
-		case s.slots <- struct{}{}:
-		case <-timer.C:
-			s.metrics.rejected.WithLabelValues("queue_timeout").Inc()
-			return nil, fmt.Errorf("waited %v: %w", s.cfg.QueueWait, errQueueTimeout)
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
+// acquireSlot waits in the bounded queue for a run slot of owner.
+func (s *Server) acquireSlot(ctx context.Context, owner string) (release func(), err error) {
+	release, err = s.slots.acquire(ctx, owner, time.Duration(s.cfg.QueueWait))
+	switch {
+	case errors.Is(err, errTokenBusy):
+		s.metrics.rejected.WithLabelValues("token_busy").Inc()
+	case errors.Is(err, errBusy):
+		s.metrics.rejected.WithLabelValues("busy").Inc()
+	case errors.Is(err, errQueueTimeout):
+		s.metrics.rejected.WithLabelValues("queue_timeout").Inc()
 	}
-	s.metrics.running.Inc()
-	return func() {
-		<-s.slots
-		s.metrics.running.Dec()
-	}, nil
+	return release, err
 }
 
 // execute runs req through run, in a slot, answering with the result as
-// JSON or as a stream of server-sent events.
+// JSON or as a stream of server-sent events. The slot is given back as soon
+// as run returns — the run's processes, files and cgroups are gone then —
+// and the answer is written after: a client that reads slowly, or not at
+// all, holds its connection and the result in memory (bounded by the output
+// cap), never a slot. A streaming run never waits for its client either
+// (see sseWriter).
 func (s *Server) execute(w http.ResponseWriter, r *http.Request, owner string, level moat.Level, sessionID string, run runFunc, req runRequest) error {
 	ctx := r.Context()
-	release, err := s.acquireSlot(ctx)
+	release, err := s.acquireSlot(ctx, owner)
 	if err != nil {
 		return err
 	}
@@ -662,15 +737,19 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request, owner string, l
 	mreq := moat.Request{Code: []byte(*req.Code)}
 	var sse *sseWriter
 	if req.Stream {
-		sse = newSSE(w)
+		sse = newSSE(w, int64(s.cfg.StreamBuffer), s.metrics.overflows.Inc)
 		if sse == nil {
 			return badRequest("streaming needs a connection that can be flushed")
 		}
+		// Whatever happens, the handler returns only once the writer
+		// has stopped touching w.
+		defer sse.wait()
 		mreq.Stdout = sse.stream("stdout")
 		mreq.Stderr = sse.stream("stderr")
 	}
 	start := time.Now()
 	res, err := run(ctx, mreq)
+	release()
 	elapsed := time.Since(start)
 	s.metrics.latency.WithLabelValues(string(level)).Observe(elapsed.Seconds())
 	reason := "none"
@@ -691,72 +770,19 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request, owner string, l
 			_, code := classify(err)
 			var body errorBody
 			body.Error.Code, body.Error.Message = code, err.Error()
-			sse.event("error", body)
+			sse.finish("error", body)
 			return nil
 		}
 		return err
 	}
 	s.log.Info("run", append(attrs, "exit_code", res.ExitCode, "stream", req.Stream)...)
 	if sse != nil {
-		sse.event("result", res)
+		sse.finish("result", res)
 		return nil
 	}
 	writeJSON(w, http.StatusOK, res)
 	return nil
 }
-
-// sseWriter writes server-sent events; the sandbox's writer goroutines
-// for stdout and stderr share it.
-type sseWriter struct {
-	mu      sync.Mutex
-	w       http.ResponseWriter
-	rc      *http.ResponseController
-	started bool
-}
-
-func newSSE(w http.ResponseWriter) *sseWriter {
-	if _, ok := w.(http.Flusher); !ok {
-		return nil
-	}
-	return &sseWriter{w: w, rc: http.NewResponseController(w)}
-}
-
-// event writes one event whose data is v as JSON, and flushes.
-func (e *sseWriter) event(name string, v any) error {
-	data, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if !e.started {
-		h := e.w.Header()
-		h.Set("Content-Type", "text/event-stream")
-		h.Set("Cache-Control", "no-cache")
-		h.Set("X-Accel-Buffering", "no")
-		e.w.WriteHeader(http.StatusOK)
-		e.started = true
-	}
-	if _, err := fmt.Fprintf(e.w, "event: %s\ndata: %s\n\n", name, data); err != nil {
-		return err
-	}
-	return e.rc.Flush()
-}
-
-// stream returns a writer that sends each chunk as an event {"data": "..."}
-// (bytes that are not UTF-8 become U+FFFD).
-func (e *sseWriter) stream(name string) io.Writer {
-	return writerFunc(func(p []byte) (int, error) {
-		if err := e.event(name, map[string]string{"data": strings.ToValidUTF8(string(p), "\uFFFD")}); err != nil {
-			return 0, err
-		}
-		return len(p), nil
-	})
-}
-
-type writerFunc func(p []byte) (int, error)
-
-func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 
 // newID returns a random id with a prefix.
 func newID(prefix string) string {

@@ -59,6 +59,8 @@ func TestServeBadInput(t *testing.T) {
 		{"bad duration", []string{"--tokens-file", good, "--session-ttl", "soon"}},
 		{"ttl over max", []string{"--tokens-file", good, "--session-ttl", "9h"}},
 		{"stray argument", []string{"--tokens-file", good, "extra"}},
+		{"negative connection cap", []string{"--tokens-file", good, "--max-connections", "-1"}},
+		{"bad write timeout", []string{"--tokens-file", good, "--write-timeout", "soon"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var out, errb bytes.Buffer
@@ -86,7 +88,9 @@ func TestServe(t *testing.T) {
 	var errb lockedBuffer
 	done := make(chan int, 1)
 	go func() {
-		done <- cmdServe(ctx, []string{"--addr", "127.0.0.1:0", "--tokens-file", tokens, "--state-dir", t.TempDir(), "--timeout", "5s"},
+		done <- cmdServe(ctx, []string{"--addr", "127.0.0.1:0", "--tokens-file", tokens, "--state-dir", t.TempDir(), "--timeout", "5s",
+			"--max-runs-per-token", "2", "--queue-per-token", "4", "--stream-buffer", "4MiB", "--read-header-timeout", "5s",
+			"--read-timeout", "30s", "--write-timeout", "10s", "--conn-idle-timeout", "30s", "--max-connections", "64"},
 			Stdio{In: strings.NewReader(""), Out: io.Discard, Err: &errb})
 	}()
 	var url string
