@@ -1,24 +1,36 @@
-// Package attack is moat's scoreboard of hostile programs: six Python
-// programs that each try one thing a sandbox must stop, run against any
+// Package attack is moat's scoreboard of hostile programs: Python programs
+// that each try one thing a sandbox must stop, run against any
 // [moat.Sandbox] and judged from the outside.
 //
-// The attacks are the six of the tutorial: an infinite loop, a 512 MiB
-// allocation, a flood of 200 processes, a 50 MiB file, reading the invoking
-// user's credentials, and reaching a service on the host's loopback
-// interface. [Plant] sets up the fake credentials file and the fake service
-// the last two look for; [Run] runs one attack and judges it; [Scoreboard]
-// and [JSON] print the outcomes; [Breaches] picks the outcomes that
-// contradict what a level claims to block.
+// The first six are the tutorial's: an infinite loop, a 512 MiB allocation,
+// a flood of 200 processes, a 50 MiB file, reading the invoking user's
+// credentials, and reaching a service on the host's loopback interface. The
+// others each probe one class of hole a hostile review found: reaching a
+// host daemon's unix socket by path (stream and datagram, through a socket
+// of the program's own or a re-aimed socketpair end), reaching or binding
+// an abstract unix name in the host's network namespace, opening io_uring
+// (a second system call interface), creating a vsock socket (vsock ports
+// are not namespaced), seeing the host's processes, reading the host's
+// network interfaces, and exhausting a per-uid kernel limit that a
+// neighbouring run of the same uid shares. [Plant] sets up what the
+// host-side attacks look for; [Run] runs one attack and judges it;
+// [Scoreboard] and [JSON] print the outcomes; [Breaches] picks the outcomes
+// that contradict what a level claims to block.
 //
 // Every outcome is one of three verdicts. An attack got through when there
 // is proof: a success marker that only the running program can produce
 // (assembled at run time around a per-run random nonce, so that a traceback
-// echoing the source cannot fake it), a token that exists only in the
-// planted file or in the service's answer, or a process of the run still
-// alive on the host after Run returned. It was blocked when the program
-// started and was stopped by an enforced limit or a denial. Anything else
-// (the sandbox failed, the program never started, it ended for no reason
-// the harness can name) is inconclusive: it proves nothing either way.
+// echoing the source cannot fake it), a token that exists only on the host
+// (in the planted file, in the service's answer, in a host process's
+// command line, a host interface's address), something the harness sees on
+// the host (its socket received the run's greeting, the name the run was to
+// bind appeared in the host's namespace, the service accepted a
+// connection), or a process of the run still alive on the host after Run
+// returned. It was blocked when the program started and was stopped by an
+// enforced limit or a denial, or ran to its end without proof where the
+// proof is the host's to see. Anything else (the sandbox failed, the
+// program never started, it ended for no reason the harness can name) is
+// inconclusive: it proves nothing either way.
 //
 // Output is judged as it streams through [moat.Request.Stdout] and
 // [moat.Request.Stderr], past the part the Result keeps.
@@ -28,6 +40,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 	"unicode"
@@ -46,20 +59,34 @@ const (
 	Disk        Name = "disk"        // write a 50 MiB file
 	Credentials Name = "credentials" // read the user's planted credentials
 	Network     Name = "network"     // reach a service on the host's loopback
+
+	UnixPathStream Name = "unix_path_stream" // reach a host unix stream socket by path
+	UnixPathDgram  Name = "unix_path_dgram"  // reach a host unix datagram socket by path
+	AbstractUnix   Name = "abstract_unix"    // reach an abstract unix name of the host's
+	AbstractBind   Name = "abstract_bind"    // bind an abstract unix name in the host's namespace
+	IOURing        Name = "io_uring"         // open an io_uring
+	Vsock          Name = "vsock"            // create an AF_VSOCK socket (never connected)
+	HostProcs      Name = "host_procs"       // see a process of the host's
+	HostNet        Name = "host_net"         // read a host interface's MAC address
+	UIDSharedLimit Name = "uid_shared_limit" // exhaust a per-uid limit a neighbouring run shares
 )
 
 // All lists the attacks in the order the scoreboard shows them.
-var All = []Name{Loop, Memory, ForkFlood, Disk, Credentials, Network}
+var All = []Name{Loop, Memory, ForkFlood, Disk, Credentials, Network,
+	UnixPathStream, UnixPathDgram, AbstractUnix, AbstractBind, IOURing, Vsock,
+	HostProcs, HostNet, UIDSharedLimit}
 
 // ParseName returns the attack named s, or an error wrapping
 // [moat.ErrInvalid].
 func ParseName(s string) (Name, error) {
-	for _, n := range All {
+	names := make([]string, len(All))
+	for i, n := range All {
 		if string(n) == s {
 			return n, nil
 		}
+		names[i] = string(n)
 	}
-	return "", fmt.Errorf("attack: unknown attack %q (known: loop, memory, fork_flood, disk, credentials, network): %w", s, moat.ErrInvalid)
+	return "", fmt.Errorf("attack: unknown attack %q (known: %s): %w", s, strings.Join(names, ", "), moat.ErrInvalid)
 }
 
 // Verdict is the judgement of one attack at one level.
@@ -97,123 +124,129 @@ type Outcome struct {
 const DefaultDeadline = time.Minute
 
 // Run runs the attack name in sb and judges it. env is needed by the
-// credentials and network attacks and may be nil for the others.
+// credentials, network, unix_path_stream, unix_path_dgram and abstract_unix
+// attacks and may be nil for the others.
 //
 // The attack is bounded by ctx's deadline, or by [DefaultDeadline] when ctx
 // has none; the deadline should lie well past the sandbox's wall time. An
 // attack that is still running at the deadline was not stopped by the
 // sandbox. Cancelling ctx makes the outcome inconclusive.
 //
+// The uid_shared_limit attack is two runs at once in sb: a neighbour that
+// exhausts a per-uid limit and holds it, and, while it holds, the probe.
+//
 // Run is safe for concurrent use, except that Runs of the network attack
-// on one Env take turns.
+// on one Env take turns, and that a Run of uid_shared_limit exhausts, for
+// as long as it lasts, a per-uid limit (inotify instances) of the uid the
+// sandbox runs code as: other runs of that uid meanwhile may fail to get
+// one, and a concurrent Run of uid_shared_limit may be judged wrongly.
 func Run(ctx context.Context, sb moat.Sandbox, env *Env, name Name) Outcome {
 	o := Outcome{Level: sb.Level(), Attack: name}
-	p, needles, err := prepare(name, env)
-	if err != nil {
-		return o.inconclusive("harness", err.Error())
-	}
-	code, err := source(name, p)
-	if err != nil {
-		return o.inconclusive("harness", err.Error())
-	}
-	var connsBefore int64
-	if name == Network {
-		env.netTurn.Lock()
-		defer env.netTurn.Unlock()
-		connsBefore = env.conns.Load()
-	}
-
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, DefaultDeadline)
 		defer cancel()
 	}
-	stdout, stderr := newScanner(p.Nonce, needles...), newScanner(p.Nonce, needles...)
-	res, runErr := sb.Run(ctx, moat.Request{Code: code, Stdout: stdout, Stderr: stderr})
+	if name == UIDSharedLimit {
+		return runShared(ctx, sb, o)
+	}
+	s, err := prepare(name, env)
+	if err != nil {
+		return o.inconclusive("harness", err.Error())
+	}
+	if s.undo != nil {
+		defer s.undo()
+	}
+	ev := execute(ctx, sb, s, nil)
+	o = judge(o, ev, s.end)
+	o.Result = ev.result
+	return o
+}
 
+// execute runs the program of s in sb and gathers the evidence. onReady,
+// when not nil, is called (once, from the sandbox's writing goroutine) as
+// soon as the program's ready marker appears on its stdout.
+func execute(ctx context.Context, sb moat.Sandbox, s *setup, onReady func()) evidence {
+	code, err := source(s.name, s.p)
+	if err != nil {
+		return evidence{harnessErr: err}
+	}
+	nonce := s.p.Nonce
+	needles := append([]string{marker(kindStarted, nonce), marker(kindOK, nonce), marker(kindDone, nonce),
+		marker(kindReady, nonce)}, s.tokens...)
+	stdout, stderr := newScanner(nonce, needles...), newScanner(nonce, needles...)
+	if onReady != nil {
+		stdout.onFound(needleReady, onReady)
+	}
+	var end func() (string, string)
+	if s.watch != nil {
+		end = s.watch()
+	}
+	res, runErr := sb.Run(ctx, moat.Request{Code: code, Stdout: stdout, Stderr: stderr})
 	ev := evidence{
-		result:    res,
-		runErr:    runErr,
-		deadline:  errors.Is(ctx.Err(), context.DeadlineExceeded),
-		canceled:  errors.Is(ctx.Err(), context.Canceled),
-		leftovers: reapLeftovers(p.Tag),
+		result:   res,
+		runErr:   runErr,
+		ended:    time.Now(),
+		deadline: errors.Is(ctx.Err(), context.DeadlineExceeded),
+		canceled: errors.Is(ctx.Err(), context.Canceled),
 	}
-	if name == Network {
-		ev.connections = env.conns.Load() - connsBefore
+	if end != nil {
+		ev.hostHow, ev.hostDetail = end()
 	}
+	ev.leftovers = reapLeftovers(s.p.Tag)
 	// What the Result kept counts too, should the sandbox not have
 	// streamed it.
 	scanners := []*scanner{stdout, stderr}
 	if res != nil {
-		kept, keptErr := newScanner(p.Nonce, needles...), newScanner(p.Nonce, needles...)
+		kept, keptErr := newScanner(nonce, needles...), newScanner(nonce, needles...)
 		kept.Write(res.Stdout)
 		keptErr.Write(res.Stderr)
 		scanners = append(scanners, kept, keptErr)
 	}
-	ev.collect(needles, scanners)
-	o = judge(o, ev)
-	o.Result = res
-	return o
+	ev.collect(scanners)
+	return ev
 }
 
-// prepare returns the program's parameters and the needles to look for in
-// its output: the start marker, the success marker, the end marker and, for
-// the attacks judged from the host side, the host's token.
-func prepare(name Name, env *Env) (params, []string, error) {
-	nonce := randomText(32)
-	p := params{Nonce: nonce, Tag: "moat" + nonce[:11]}
-	needles := []string{marker(kindStarted, nonce), marker(kindOK, nonce), marker(kindDone, nonce)}
-	switch name {
-	case Loop:
-		p.Linger = lingerSeconds
-	case Memory:
-		p.MiB = memoryMiB
-	case ForkFlood:
-		p.Procs, p.Linger = floodProcs, lingerSeconds
-	case Disk:
-		p.MiB = diskMiB
-	case Credentials, Network:
-		if env == nil {
-			return p, nil, fmt.Errorf("attack: %s needs an Env from Plant", name)
-		}
-		if name == Credentials {
-			p.Path = env.CredentialsPath
-			needles = append(needles, env.credToken)
-		} else {
-			p.Port = env.ServicePort
-			needles = append(needles, env.serviceToken)
-		}
-	default:
-		return p, nil, fmt.Errorf("attack: unknown attack %q", name)
-	}
-	return p, needles, nil
-}
+// The needles every run's scanners look for, by index; the host's tokens
+// follow from needleTokens.
+const (
+	needleStarted = iota
+	needleOK
+	needleDone
+	needleReady
+	needleTokens
+)
 
 // evidence is everything the judge knows about one run.
 type evidence struct {
-	result      *moat.Result
-	runErr      error
-	deadline    bool  // the harness's deadline passed
-	canceled    bool  // the caller cancelled
-	leftovers   int   // processes of the run alive after Run returned
-	connections int64 // connections the service accepted during the run
+	harnessErr error // the harness could not run the program
+	result     *moat.Result
+	runErr     error
+	ended      time.Time // when the sandbox's Run returned
+	deadline   bool      // the harness's deadline passed
+	canceled   bool      // the caller cancelled
+	leftovers  int       // processes of the run alive after Run returned
+	// hostHow and hostDetail are the host-side proof that the attack got
+	// through, when the harness saw one.
+	hostHow, hostDetail string
 
-	started, succeeded, done, token bool
-	errs                            []errReport
-	okText                          string
+	started, succeeded, done, ready, token bool
+	errs                                   []errReport
+	okText                                 string
 }
 
-// collect merges what the scanners found. The needles are those of prepare.
-func (ev *evidence) collect(needles []string, scanners []*scanner) {
+// collect merges what the scanners found.
+func (ev *evidence) collect(scanners []*scanner) {
 	for _, s := range scanners {
 		s.mu.Lock() // against a sandbox that writes after Run returned
 		defer s.mu.Unlock()
 		s.finish()
-		ev.started = ev.started || s.found[0]
-		ev.succeeded = ev.succeeded || s.found[1]
-		ev.done = ev.done || s.found[2]
-		if len(needles) > 3 {
-			ev.token = ev.token || s.found[3]
+		ev.started = ev.started || s.found[needleStarted]
+		ev.succeeded = ev.succeeded || s.found[needleOK]
+		ev.done = ev.done || s.found[needleDone]
+		ev.ready = ev.ready || s.found[needleReady]
+		for _, f := range s.found[needleTokens:] {
+			ev.token = ev.token || f
 		}
 		if len(ev.errs) == 0 {
 			ev.errs = s.errs
@@ -224,19 +257,34 @@ func (ev *evidence) collect(needles []string, scanners []*scanner) {
 	}
 }
 
+// An ending says what a program that ran to its end without proof means.
+type ending struct {
+	// noProof is the How of such an end; "" when it proves nothing.
+	noProof string
+	// overErrs is set for the probes that try several ways and whose
+	// proof is the host's to see: an end (the program exits 3 instead
+	// when every way failed) means some way seemed to work inside the
+	// sandbox, yet the host saw nothing, so the end outranks the errors
+	// of the ways that failed.
+	overErrs bool
+}
+
 // judge turns the evidence into a verdict. Proof of success comes first:
 // it cannot be faked by the program's output or undone by a later failure.
-func judge(o Outcome, ev evidence) Outcome {
+// end says what a program that ran to its end without proof means.
+func judge(o Outcome, ev evidence, end ending) Outcome {
 	res := ev.result
 	switch {
+	case ev.harnessErr != nil:
+		return o.inconclusive("harness", ev.harnessErr.Error())
 	case ev.leftovers > 0:
 		return o.gotThrough("left running", fmt.Sprintf("%d process(es) of the run still alive after Run returned (killed by the harness)", ev.leftovers))
 	case ev.token:
 		return o.gotThrough("", "the host's secret token appeared in the output")
 	case ev.succeeded:
 		return o.gotThrough("", clip("the program printed its success marker: "+ev.okText, 300))
-	case ev.connections > 0:
-		return o.gotThrough("connected", fmt.Sprintf("the service accepted %d connection(s) during the run", ev.connections))
+	case ev.hostHow != "":
+		return o.gotThrough(ev.hostHow, ev.hostDetail)
 	case ev.runErr != nil:
 		return o.inconclusive("error", ev.runErr.Error())
 	case res == nil:
@@ -262,12 +310,15 @@ func judge(o Outcome, ev evidence) Outcome {
 		return o.inconclusive("deadline", "still running at the harness's deadline; "+describe(res, ev))
 	case res.Reason != moat.ReasonNone:
 		return o.blocked(string(res.Reason), describe(res, ev))
-	case len(ev.errs) > 0 && ev.errs[0].Class == "exception":
+	case len(ev.errs) > 0 && ev.errs[0].Class == "exception",
+		end.overErrs && slices.ContainsFunc(ev.errs, func(e errReport) bool { return e.Class == "exception" }):
 		return o.inconclusive("probe crashed", describe(res, ev))
+	case ev.done && end.overErrs && end.noProof != "":
+		return o.blocked(end.noProof, "the program ran to its end without proof; "+describe(res, ev))
 	case len(ev.errs) > 0:
 		return o.blocked(howOf(ev.errs[0].Class), describe(res, ev))
-	case ev.done && (o.Attack == Credentials || o.Attack == Network):
-		return o.blocked("no token", "the program ran to its end without the token; "+describe(res, ev))
+	case ev.done && end.noProof != "":
+		return o.blocked(end.noProof, "the program ran to its end without proof; "+describe(res, ev))
 	}
 	return o.inconclusive("no verdict", "no success and no failure reported; "+describe(res, ev))
 }

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -39,28 +40,70 @@ func plant(t *testing.T) *Env {
 	return env
 }
 
+// controlUID is the unprivileged uid the positive controls of the probes
+// past the tutorial's six run as: no account of the host's uses it, so that
+// exhausting its per-uid limits starves nobody, and the host's sockets are
+// shown reachable by any uid, not just root.
+const controlUID = 64999
+
+// tutorialSix are the tutorial's attacks.
+var tutorialSix = []Name{Loop, Memory, ForkFlood, Disk, Credentials, Network}
+
+// controlHow is the How each attack's positive control must get through
+// with; "" for the attacks proved by a marker or a token.
+var controlHow = map[Name]string{
+	Loop:           "not stopped",
+	UnixPathStream: "received",
+	UnixPathDgram:  "received",
+	AbstractUnix:   "received",
+	AbstractBind:   "bound on the host",
+	UIDSharedLimit: "shared limit",
+}
+
+// controlWays are, per attack, the ways through that the positive control
+// must show working (regular expressions matched against the Outcome's
+// Detail and the program's stdout): those that defeat a refusal of socket(),
+// the subprocess level's. A way judged from the host side is named in the
+// Detail; host_net's ioctl through a socketpair end is the program's own
+// report of a MAC address.
+var controlWays = map[Name][]string{
+	UnixPathDgram: {`dgram by [a-z_, ]*pair_sendto`, `dgram by [a-z_, ]*pair_reconnect`},
+	AbstractUnix:  {`abstract datagram socket \S+ by [a-z_, ]*pair_sendto`, `abstract datagram socket \S+ by [a-z_, ]*pair_reconnect`},
+	AbstractBind:  {`[{,]pair_dgram_unspec[,}]`, `[{,]pair_stream[,}]`},
+	HostNet:       {`MOAT-IF socketpair\(AF_UNIX\) SIOCGIFHWADDR \S+ (?:[0-9a-f]{2}:){5}[0-9a-f]{2}`},
+}
+
 // TestPositiveControls runs every program with the defence off (the host's
 // python3, no isolation): each must get through, or its probe is broken and
-// a "blocked" from it would prove nothing.
+// a "blocked" from it would prove nothing. The tutorial's six run as root,
+// the others as controlUID.
 func TestPositiveControls(t *testing.T) {
 	env := plant(t)
 	for _, name := range All {
 		t.Run(string(name), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-			sb, how := hostSandbox{}, ""
+			sb, how := hostSandbox{}, controlHow[name]
+			if !slices.Contains(tutorialSix, name) {
+				sb.uid = controlUID
+			}
 			if name == Loop {
 				// Nothing stops the loop but the harness's deadline. The
 				// PID namespace only makes the kill at the deadline take
 				// the loop's stray child too, so that what gets through is
 				// the loop itself.
 				ctx, cancel = context.WithTimeout(t.Context(), time.Second)
-				sb, how = hostSandbox{pidns: true}, "not stopped"
+				sb = hostSandbox{pidns: true}
 			}
 			defer cancel()
 			o := Run(ctx, sb, env, name)
 			if o.Verdict != GotThrough || o.Blocked || o.How != how {
 				t.Fatalf("%s with the defence off: %+v, want got_through (%s)\nstdout: %s\nstderr: %s",
 					name, o, how, resultOut(o.Result, true), resultOut(o.Result, false))
+			}
+			for _, w := range controlWays[name] {
+				if !regexp.MustCompile(w).MatchString(o.Detail + "\n" + resultOut(o.Result, true)) {
+					t.Errorf("%s with the defence off: the way %q did not get through: %s\nstdout: %s", name, w, o.Detail, resultOut(o.Result, true))
+				}
 			}
 			t.Logf("%s (%s): %s", o.Verdict, o.How, o.Detail)
 		})
@@ -353,22 +396,35 @@ func TestJudge(t *testing.T) {
 // does, must prove nothing.
 func TestSourceHoldsNoProof(t *testing.T) {
 	env := plant(t)
+	var setups []*setup
 	for _, name := range All {
-		p, needles, err := prepare(name, env)
+		if name == UIDSharedLimit {
+			setups = append(setups, sharedSetup("hog"), sharedSetup("probe"))
+			continue
+		}
+		s, err := prepare(name, env)
 		if err != nil {
 			t.Fatal(err)
 		}
-		code, err := source(name, p)
+		if s.undo != nil {
+			defer s.undo()
+		}
+		setups = append(setups, s)
+	}
+	for _, s := range setups {
+		code, err := source(s.name, s.p)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, nd := range append(needles, p.Nonce, marker(kindErr, p.Nonce)) {
+		p := s.p
+		for _, nd := range append(s.tokens, p.Nonce, marker(kindStarted, p.Nonce), marker(kindOK, p.Nonce),
+			marker(kindDone, p.Nonce), marker(kindReady, p.Nonce), marker(kindErr, p.Nonce), "MOAT-HELLO:"+p.Nonce) {
 			if bytes.Contains(code, []byte(nd)) {
-				t.Errorf("%s: the source contains %q", name, nd)
+				t.Errorf("%s: the source contains %q", s.name, nd)
 			}
 		}
 		if got := paramsOf(code); got != p {
-			t.Errorf("%s: the first line holds %+v, want %+v", name, got, p)
+			t.Errorf("%s: the first line holds %+v, want %+v", s.name, got, p)
 		}
 	}
 }
@@ -433,6 +489,37 @@ func TestPlantClose(t *testing.T) {
 		t.Fatalf("the service counted %d connections, want 1", env.conns.Load())
 	}
 
+	// The sockets: writable by any uid, and what reaches them is recorded
+	// for the runs that expect it only.
+	for _, p := range []string{env.sockDir, env.StreamSocket, env.DgramSocket} {
+		fi, err := os.Stat(p)
+		if err != nil || fi.Mode().Perm() != 0o777 {
+			t.Fatalf("%s: %v, %v; want mode 0777", p, fi, err)
+		}
+	}
+	nonce, other := randomText(32), randomText(32)
+	env.inbox.expect(nonce)
+	for _, addr := range []string{env.DgramSocket, "@" + env.AbstractName} {
+		if err := sendDgram(addr, "MOAT-HELLO:"+nonce+" own_sendto\nMOAT-HELLO:"+other+" own_sendto\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, addr := range []string{env.StreamSocket, "@" + env.AbstractName} {
+		c, err := net.Dial("unix", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write([]byte("MOAT-HELLO:" + nonce + " own_connect\n"))
+		c.Close()
+	}
+	env.flush()
+	if got := env.inbox.take(nonce); len(got) != 4 {
+		t.Fatalf("the sockets saw the greeting at %q, want all four", got)
+	}
+	if len(env.inbox.want) != 0 || len(env.inbox.flushes) != 0 {
+		t.Fatalf("the inbox keeps %v and %v", env.inbox.want, env.inbox.flushes)
+	}
+
 	if err := env.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
@@ -448,6 +535,12 @@ func TestPlantClose(t *testing.T) {
 	if c, err := net.Dial("tcp4", addr); err == nil {
 		c.Close()
 		t.Fatalf("the service still accepts on %s after Close", addr)
+	}
+	if _, err := os.Stat(env.sockDir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the sockets' directory is still there after Close: %v", err)
+	}
+	if sendDgram("@"+env.AbstractName, "x") == nil {
+		t.Fatalf("the abstract name @%s still answers after Close", env.AbstractName)
 	}
 	if n := runtime.NumGoroutine(); n > goroutines {
 		t.Fatalf("%d goroutines after Close, %d before Plant", n, goroutines)
@@ -490,8 +583,8 @@ func TestJSON(t *testing.T) {
 	if err := json.Unmarshal(b.Bytes(), &doc); err != nil {
 		t.Fatalf("%v in %s", err, b.Bytes())
 	}
-	if len(doc) != 1 || len(doc["results"]) != 12 {
-		t.Fatalf("want one key results with 12 entries: %s", b.Bytes())
+	if len(doc) != 1 || len(doc["results"]) != 2*len(All) {
+		t.Fatalf("want one key results with %d entries: %s", 2*len(All), b.Bytes())
 	}
 	r := doc["results"][1]
 	want := map[string]any{"level": "container", "attack": "memory", "verdict": "got_through", "blocked": false, "how": "", "detail": "marker"}
@@ -525,8 +618,12 @@ func TestScoreboard(t *testing.T) {
 		{"disk", "blocked (timeout)", "blocked (timeout)"},
 		{"credentials", "blocked (timeout)", "blocked (timeout)"},
 		{"network", "blocked (timeout)", "blocked (timeout)"},
-		{"blocked", "6/6", "4/6"},
 	}
+	for _, a := range All[len(want)-1:] {
+		want = append(want, []string{string(a), "blocked (timeout)", "blocked (timeout)"})
+	}
+	n := len(All)
+	want = append(want, []string{"blocked", fmt.Sprintf("%d/%d", n, n), fmt.Sprintf("%d/%d", n-2, n)})
 	for i, w := range want {
 		if got := fields(lines[i]); fmt.Sprint(got) != fmt.Sprint(w) {
 			t.Errorf("line %d = %q, want %q\n%s", i, got, w, b.String())

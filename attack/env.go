@@ -15,16 +15,20 @@ import (
 	"time"
 )
 
-// Env holds what the harness plants on the host for the credentials and
-// network attacks: a fake credentials file under the invoking user's home
-// and a fake internal service on the loopback interface. Both hold random
-// tokens that appear nowhere in the programs, so that seeing a token in a
-// program's output proves the program reached the file or the service.
+// Env holds what the harness plants on the host for the attacks that look
+// for something of the host's: a fake credentials file under the invoking
+// user's home, a fake internal service on the loopback interface, unix
+// sockets at paths any uid may write to, as a host daemon's are, and an
+// abstract unix name in the host's network namespace. The file and the
+// service hold random tokens that appear nowhere in the programs, so that
+// seeing a token in a program's output proves the program reached the file
+// or the service; the sockets record which runs' greetings they received,
+// so that a run's reaching them is proved on the host side.
 //
-// Plant creates an Env; Close removes the file and stops the service. An Env
-// is safe for concurrent use by several Runs; Runs of the network attack on
-// one Env take turns, so that the connections the service sees belong to
-// one run.
+// Plant creates an Env; Close removes the files and stops the listeners. An
+// Env is safe for concurrent use by several Runs; Runs of the network
+// attack on one Env take turns, so that the connections the service sees
+// belong to one run.
 type Env struct {
 	// CredentialsPath is the planted file, e.g.
 	// /root/.moat-attack-1f2e3d4c/.aws/credentials, mode 0600.
@@ -32,23 +36,39 @@ type Env struct {
 	// ServicePort is the service's TCP port, on 127.0.0.1 and, when the
 	// host has IPv6, on ::1.
 	ServicePort int
+	// StreamSocket and DgramSocket are the unix stream and datagram sockets
+	// the harness listens on, e.g. /tmp/moat-attack-sock-1f2e3d4c/stream,
+	// mode 0777 in a directory of mode 0777: like /dev/log or a daemon's
+	// socket, any uid may write to them.
+	StreamSocket, DgramSocket string
+	// AbstractName is the abstract unix name (without the leading NUL) the
+	// harness listens on, stream and datagram, in its own network
+	// namespace: the host's, when the harness runs on the host.
+	AbstractName string
 
 	dir          string // the planted directory, removed by Close
+	sockDir      string // the sockets' directory, removed by Close
 	credToken    string // the secret key written in the file
 	serviceToken string // what the service answers
 
 	listeners []net.Listener
 	conns     atomic.Int64   // connections the service accepted
-	wg        sync.WaitGroup // the service's goroutines
+	wg        sync.WaitGroup // the service's and the sockets' goroutines
 	netTurn   sync.Mutex     // held by a Run of the network attack
+
+	inbox    inbox
+	unixL    []*net.UnixListener // the stream sockets, path and abstract
+	unixG    []*net.UnixConn     // the datagram sockets, path and abstract
+	inflight atomic.Int64        // stream connections still being read
 
 	closeOnce sync.Once
 	closeErr  error
 }
 
 // Plant writes the fake credentials file under the home directory of the
-// invoking user (os.UserHomeDir) and starts the fake service. The caller
-// must Close the Env.
+// invoking user (os.UserHomeDir), starts the fake service and listens on
+// the unix sockets, by path under os.TempDir and by abstract name. The
+// caller must Close the Env.
 func Plant(ctx context.Context) (_ *Env, err error) {
 	e := &Env{}
 	defer func() {
@@ -60,6 +80,9 @@ func Plant(ctx context.Context) (_ *Env, err error) {
 		return nil, err
 	}
 	if err := e.startService(ctx); err != nil {
+		return nil, err
+	}
+	if err := e.startSockets(); err != nil {
 		return nil, err
 	}
 	return e, nil
@@ -143,9 +166,22 @@ func (e *Env) Close() error {
 				errs = append(errs, err)
 			}
 		}
+		for _, l := range e.unixL {
+			if err := l.Close(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		for _, c := range e.unixG {
+			if err := c.Close(); err != nil {
+				errs = append(errs, err)
+			}
+		}
 		e.wg.Wait()
-		if e.dir != "" {
-			if err := os.RemoveAll(e.dir); err != nil {
+		for _, d := range []string{e.dir, e.sockDir} {
+			if d == "" {
+				continue
+			}
+			if err := os.RemoveAll(d); err != nil {
 				errs = append(errs, err)
 			}
 		}

@@ -18,10 +18,13 @@ import (
 // all: the defence is off, so every attack must get through. It has what a
 // harness needs and nothing more: an empty environment, a private working
 // directory, streamed output, and, when wall is set, a wall timeout that
-// kills the process group (or, with pidns, the whole PID namespace).
+// kills the process group (or, with pidns, the whole PID namespace). With
+// uid set, the code runs as that uid (and gid), an unprivileged user of the
+// host's.
 type hostSandbox struct {
 	wall  time.Duration
 	pidns bool
+	uid   int
 }
 
 var _ moat.Sandbox = hostSandbox{}
@@ -45,6 +48,13 @@ func (h hostSandbox) Run(ctx context.Context, req moat.Request) (*moat.Result, e
 	if err := os.Mkdir(work, 0o700); err != nil {
 		return nil, err
 	}
+	if h.uid != 0 {
+		for _, p := range []string{dir, prog, work} {
+			if err := os.Chown(p, h.uid, h.uid); err != nil {
+				return nil, err
+			}
+		}
+	}
 
 	runCtx, cancel := ctx, context.CancelFunc(func() {})
 	if h.wall > 0 {
@@ -57,6 +67,9 @@ func (h hostSandbox) Run(ctx context.Context, req moat.Request) (*moat.Result, e
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if h.pidns {
 		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWPID
+	}
+	if h.uid != 0 {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(h.uid), Gid: uint32(h.uid)}
 	}
 	cmd.Cancel = func() error {
 		// The group, and with pidns the namespace's init, whose death

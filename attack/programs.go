@@ -18,13 +18,21 @@ var programs embed.FS
 // program as hex-encoded JSON on its first line, so that no value, whatever
 // bytes it holds, is ever spliced into Python source.
 type params struct {
-	Nonce  string `json:"nonce"`            // per-run random, part of every marker
-	Tag    string `json:"tag"`              // process name, for the host-side check
-	Path   string `json:"path,omitempty"`   // credentials: the planted file
-	Port   int    `json:"port,omitempty"`   // network: the service's port
+	Nonce string `json:"nonce"` // per-run random, part of every marker
+	Tag   string `json:"tag"`   // process name, for the host-side check
+	// Path is, for credentials, the planted file; for unix_path_*, the
+	// harness's socket.
+	Path string `json:"path,omitempty"`
+	Port int    `json:"port,omitempty"` // network: the service's port
+	// Name is an abstract unix name, without the leading NUL: the
+	// harness's for abstract_unix, the one to bind for abstract_bind.
+	Name   string `json:"name,omitempty"`
+	Hold   int    `json:"hold,omitempty"`   // abstract_bind: seconds to hold the name
 	MiB    int    `json:"mib,omitempty"`    // memory, disk: how much
 	Procs  int    `json:"procs,omitempty"`  // fork_flood: how many processes
-	Linger int    `json:"linger,omitempty"` // loop, fork_flood: seconds a stray child lives
+	Linger int    `json:"linger,omitempty"` // loop, fork_flood, uid_shared_limit: seconds a stray process lives
+	Role   string `json:"role,omitempty"`   // uid_shared_limit: "hog" or "probe"
+	Max    int    `json:"max,omitempty"`    // uid_shared_limit: the most instances the hog opens
 }
 
 // The sizes of the attacks.
@@ -44,6 +52,7 @@ const (
 	kindOK      = "OK"      // the attack succeeded
 	kindErr     = "ERR"     // the attack failed; a class and a detail follow
 	kindDone    = "DONE"    // the program ran to its end
+	kindReady   = "READY"   // uid_shared_limit's hog holds what it could get
 )
 
 func marker(kind, nonce string) string { return "MOAT-" + kind + ":" + nonce }

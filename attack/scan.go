@@ -14,7 +14,8 @@ type scanner struct {
 	mu      sync.Mutex // guards everything below
 	needles [][]byte
 	found   []bool
-	tail    []byte // the last bytes seen, to find a needle cut by a write
+	tail    []byte         // the last bytes seen, to find a needle cut by a write
+	notify  map[int]func() // called when needles[i] is first found
 
 	errPrefix []byte
 	okPrefix  []byte
@@ -46,6 +47,17 @@ func newScanner(nonce string, needles ...string) *scanner {
 	return s
 }
 
+// onFound has f called, from Write, when needles[i] is first found. f must
+// not block.
+func (s *scanner) onFound(i int, f func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.notify == nil {
+		s.notify = make(map[int]func())
+	}
+	s.notify[i] = f
+}
+
 // Write never fails: a sandbox must be free to write all it has.
 func (s *scanner) Write(p []byte) (int, error) {
 	s.mu.Lock()
@@ -59,6 +71,9 @@ func (s *scanner) Write(p []byte) (int, error) {
 		}
 		edge := append(s.tail[:len(s.tail):len(s.tail)], p[:min(len(p), len(nd)-1)]...)
 		s.found[i] = bytes.Contains(edge, nd) || bytes.Contains(p, nd)
+		if f := s.notify[i]; s.found[i] && f != nil {
+			f()
+		}
 	}
 	if keep := maxNeedle - 1; keep > 0 {
 		if len(p) >= keep {

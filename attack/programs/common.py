@@ -99,3 +99,93 @@ def main(attack):
         fail(e, "probe")
         sys.exit(3)
     emit("DONE", "")
+
+
+# Helpers of the probes that reach unix sockets.
+
+def greeting(way):
+    # What a program sends to the harness's sockets: the run's nonce behind
+    # a prefix, assembled here, and the way it took. Only the host side
+    # decides that it arrived.
+    return ("MOAT" + "-" + "HELLO:" + P["nonce"] + " " + way + "\n").encode()
+
+
+def raise_errno(what):
+    import ctypes
+    e = ctypes.get_errno()
+    raise OSError(e, os.strerror(e) + " (" + what + ")")
+
+
+def dissolve(s):
+    # connect(fd, {AF_UNSPEC}): dissolves a datagram socket's association,
+    # a socketpair end's included, leaving a socket that can be re-aimed
+    # with connect or bound to a name. Python's connect cannot say AF_UNSPEC.
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    sa = ctypes.create_string_buffer(16)  # sa_family 0 = AF_UNSPEC
+    if libc.connect(s.fileno(), sa, 16) != 0:
+        raise_errno("connect(AF_UNSPEC)")
+
+
+def reach_unix(addr, kind, label):
+    # Send the greeting to the unix socket addr (a path, or "\0" + an
+    # abstract name) of type kind by every means a program has: a socket of
+    # its own, and a socketpair end re-aimed with sendto or, after
+    # connect(AF_UNSPEC), with connect. Each way that fails is reported; a
+    # way that seems to work is only printed (the harness judges by what
+    # its socket received) and counted: reach_unix returns how many did.
+    import socket
+    stream = kind == socket.SOCK_STREAM
+    kname = "SOCK_STREAM" if stream else "SOCK_DGRAM"
+
+    def own_connect():
+        s = socket.socket(socket.AF_UNIX, kind)
+        try:
+            s.settimeout(2)
+            s.connect(addr)
+            s.sendall(greeting("own_connect"))
+        finally:
+            s.close()
+
+    def own_sendto():
+        s = socket.socket(socket.AF_UNIX, kind)
+        try:
+            s.sendto(greeting("own_sendto"), addr)
+        finally:
+            s.close()
+
+    def pair_sendto():
+        a, b = socket.socketpair(socket.AF_UNIX, kind)
+        try:
+            a.sendto(greeting("pair_sendto"), addr)
+        finally:
+            a.close()
+            b.close()
+
+    def pair_reconnect():
+        a, b = socket.socketpair(socket.AF_UNIX, kind)
+        try:
+            dissolve(a)
+            a.settimeout(2)
+            a.connect(addr)
+            a.sendall(greeting("pair_reconnect"))
+        finally:
+            a.close()
+            b.close()
+
+    ways = [("own_connect: socket(AF_UNIX, %s) connect" % kname, own_connect)]
+    if not stream:
+        ways.append(("own_sendto: socket(AF_UNIX, %s) sendto" % kname, own_sendto))
+    ways += [("pair_sendto: socketpair(AF_UNIX, %s) sendto" % kname, pair_sendto),
+             ("pair_reconnect: socketpair(AF_UNIX, %s) connect(AF_UNSPEC) then connect" % kname, pair_reconnect)]
+    sent = 0
+    for how, way in ways:
+        where = how + " " + label
+        try:
+            way()
+            sys.stdout.write("MOAT-SENT " + where + "\n")
+            sys.stdout.flush()
+            sent += 1
+        except BaseException as e:
+            fail(e, where)
+    return sent

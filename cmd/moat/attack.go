@@ -13,7 +13,7 @@ func cmdAttack(ctx context.Context, args []string, stdio Stdio) int {
 	fs := newFlagSet("attack")
 	sf := addSandboxFlags(fs)
 	levels := fs.String("levels", "all", "comma-separated levels to attack, or all (every level available here)")
-	only := fs.String("attacks", "", "comma-separated attacks to run (default all six)")
+	only := fs.String("attacks", "", "comma-separated attacks to run (default all)")
 	asJSON := fs.Bool("json", false, "print one JSON object {results: [{level, attack, blocked, how}]}")
 	if code, ok := parseFlags(fs, args, stdio); !ok {
 		return code

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/moatsandbox/moat/attack"
 )
 
 func requireRoot(t *testing.T) {
@@ -164,8 +166,8 @@ func TestAttackJSONSubprocess(t *testing.T) {
 	if err := json.Unmarshal([]byte(stdout), &got); err != nil {
 		t.Fatal(err)
 	}
-	if len(got.Results) != 6 {
-		t.Fatalf("want 6 results, got %d", len(got.Results))
+	if len(got.Results) != len(attack.All) {
+		t.Fatalf("want %d results, got %d", len(attack.All), len(got.Results))
 	}
 	for _, r := range got.Results {
 		if !r.Blocked || r.How == "" {
