@@ -115,6 +115,15 @@ func Detect(parent string) (*Manager, error) {
 // wrapping ErrNoFreezer that says why not.
 func (m *Manager) Freezer() error { return m.noFreezer }
 
+// WithoutFreezer returns a copy of m that makes groups as on a host without
+// a freezer, so that callers can test how they refuse then.
+func (m *Manager) WithoutFreezer() *Manager {
+	c := *m
+	c.freezer = ""
+	c.noFreezer = fmt.Errorf("%w: disabled for a test", ErrNoFreezer)
+	return &c
+}
+
 // Version returns 1 or 2.
 func (m *Manager) Version() int {
 	if m.v2 {
