@@ -294,8 +294,8 @@ func TestInterpreterTimeoutStartsAfresh(t *testing.T) {
 
 // wakeAndSpinCode arms, in the interpreter and in a child it forks, a POSIX
 // timer that sends the process SIGCONT every 10ms (what wakes a process
-// stopped with SIGSTOP), and leaves a thread (the child: its main thread)
-// spinning; then it returns, with a variable set.
+// stopped with SIGSTOP), and leaves a thread (in the child, its main
+// thread) spinning; then it returns, with a variable set.
 const wakeAndSpinCode = `import ctypes, os, signal, threading
 libc = ctypes.CDLL(None, use_errno=True)
 class sigevent(ctypes.Structure):
@@ -305,6 +305,9 @@ class timespec(ctypes.Structure):
 class itimerspec(ctypes.Structure):
     _fields_ = [('interval', timespec), ('value', timespec)]
 def arm():
+    # With SIGCONT ignored (its default), the kernel parks the timer after
+    # its first expiry; a handler keeps it firing.
+    signal.signal(signal.SIGCONT, lambda *a: None)
     sev = sigevent(None, signal.SIGCONT, 0)  # SIGEV_SIGNAL
     tid = ctypes.c_void_p()
     if libc.timer_create(1, ctypes.byref(sev), ctypes.byref(tid)) != 0:  # CLOCK_MONOTONIC
@@ -363,6 +366,11 @@ func TestSessionInterpreterFrozenBetweenRuns(t *testing.T) {
 	s.Close()
 	if procs := processesOf(uid); len(procs) != 0 {
 		t.Errorf("processes left after Close: %v", procs)
+	}
+	// The interpreter's groups, the freezer's included, are gone.
+	owner, _, _ := strings.Cut(filepath.Base(s.Dir()), "-s")
+	if left, _ := filepath.Glob("/sys/fs/cgroup/*/moat/" + owner + "-*"); len(left) != 0 {
+		t.Errorf("cgroups left after Close: %v", left)
 	}
 }
 
@@ -611,5 +619,26 @@ func TestSessionFileAtLimitIsOnlyItsRunsReason(t *testing.T) {
 	res = srun(t, s, "import os; print(os.path.getsize('big'))")
 	if res.Reason != "" || out(res) != "1048576" {
 		t.Errorf("second run: reason %q, stdout %q; want no reason and the 1 MiB file still there", res.Reason, out(res))
+	}
+}
+
+// TestSessionInterpreterControlGarbage: what the code writes on the control
+// socket (a partial frame, an empty record, one longer than any of the
+// driver's) neither ends its run nor shifts the framing of later records.
+func TestSessionInterpreterControlGarbage(t *testing.T) {
+	_, s := newSession(t, moat.Limits{}, moat.SessionOptions{Interpreter: true})
+	res := srun(t, s, `import os, stat
+ctl = next(fd for fd in range(3, 256) if os.path.exists('/proc/self/fd/%d' % fd) and stat.S_ISSOCK(os.fstat(fd).st_mode))
+os.write(ctl, b'X\x00\x00')
+os.write(ctl, b'')
+os.write(ctl, b'Z' * 10000)
+z = 1
+print('one')`)
+	if res.ExitCode != 0 || out(res) != "one" {
+		t.Errorf("the run writing on the control socket: exit %d stdout %q stderr %s", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	res = srun(t, s, "print('two', z)")
+	if res.ExitCode != 0 || out(res) != "two 1" {
+		t.Errorf("the next run: exit %d stdout %q stderr %s", res.ExitCode, res.Stdout, res.Stderr)
 	}
 }
