@@ -1,10 +1,8 @@
 package subprocess
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -12,19 +10,15 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path"
-	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/moatsandbox/moat"
-	"github.com/moatsandbox/moat/internal/capture"
 	"github.com/moatsandbox/moat/internal/cgroup"
 	"github.com/moatsandbox/moat/internal/uidpool"
 )
@@ -40,21 +34,35 @@ import (
 // seccomp — with that directory as working directory and HOME.
 //
 // With SessionOptions.Interpreter, a python3 started through the same helper
-// path stays alive between runs, driven by a small driver (interpreterDriver)
-// that reads code in frames on a socket and runs it with exec() in one
-// persistent globals dictionary. Its specifics:
+// path stays alive between runs, driven by a small driver
+// (interpreter_driver.py) that reads code on a socket and runs it with
+// exec() in one persistent globals dictionary (see interpreter.go). Its
+// specifics:
 //
 //   - The interpreter has one cgroup for its life: the memory and process
 //     limits cover all it holds; the CPU limit applies per run, to the
 //     cgroup's usage since the run began.
-//   - Between runs its processes are stopped (SIGSTOP), so threads or children
-//     the code left behind use no CPU while no run is going on.
+//   - Between runs its cgroup is frozen: no thread or process the code left
+//     behind runs while no run is going on, whatever it armed to wake itself
+//     (a SIGCONT from a timer wakes a process stopped by SIGSTOP, not a frozen
+//     one). Without a cgroup freezer, NewSession refuses an interpreter with
+//     an error wrapping moat.ErrUnavailable.
+//   - The session's interpreters together may use Config.SessionCPUTime of
+//     CPU over the session's life, counted from their cgroups, runs and the
+//     time between them alike. The run that reaches it ends with
+//     moat.ReasonTimeout, like one that reaches its own CPU limit; then the
+//     session is spent: later Runs fail with an error wrapping
+//     moat.ErrClosed, while its files can still be read, until Close.
 //   - A run that times out, is cancelled, or hits the CPU, memory or process
 //     limit ends the interpreter (the wall timeout kills its whole PID
 //     namespace); the next run starts a fresh one, with the files still there
 //     and the variables gone.
 //   - What the code writes to file descriptors 1 and 2 is the run's stdout and
 //     stderr; what processes it left behind write between runs is dropped.
+//   - The end of a run and its exit status are taken from the driver, only
+//     when marked with that run's nonce, so that nothing from an earlier run
+//     becomes a later run's result; but the code shares the driver's process
+//     and can change what later runs do and report. See interpreter.go.
 
 // NewSession returns a session with a private working directory that lives
 // until Close; see moat.Session. ctx bounds only the creation.
@@ -68,6 +76,11 @@ func (s *Sandbox) NewSession(ctx context.Context, opts moat.SessionOptions) (moa
 		return nil, fmt.Errorf("subprocess: %w", moat.ErrClosed)
 	}
 	s.mu.Unlock()
+	if opts.Interpreter && s.strict {
+		if err := s.cg.Freezer(); err != nil {
+			return nil, errNoFreezer(err)
+		}
+	}
 	var rnd [8]byte
 	rand.Read(rnd[:])
 	ss := &Session{
@@ -105,6 +118,10 @@ type Session struct {
 	lease   *uidpool.Lease
 	mounted bool
 	interp  *interpreter
+	// cpuUsed is the CPU time of the session's interpreters that have
+	// ended; cpuSpent is set once they have used the session's budget.
+	cpuUsed  time.Duration
+	cpuSpent bool
 
 	mu        sync.Mutex
 	closed    bool
@@ -322,11 +339,7 @@ func (ss *Session) Close() error {
 	}
 	ss.mu.Unlock()
 	ss.sem <- struct{}{} // wait for the run in progress; nothing takes it after
-	if ss.interp != nil {
-		ss.interp.kill()
-		ss.interp.close()
-		ss.interp = nil
-	}
+	ss.endInterpreter()
 	ss.remove()
 	ss.s.log.Debug("subprocess: session closed", "session", ss.id)
 	return nil
@@ -549,640 +562,4 @@ func (ss *Session) RemoveFile(ctx context.Context, name string) error {
 	}
 	defer root.Close()
 	return fileError("remove", name, root.Remove(name))
-}
-
-// The live interpreter.
-
-// interpreterDriver is the Python program that keeps the interpreter alive.
-// It takes the socket on fd 0 as its control channel and puts /dev/null in
-// its place. Frames from moat: 'R', a 32-byte nonce, a 4-byte big-endian
-// length, the code. Frames to moat: a kind byte, a 4-byte big-endian length,
-// the payload: 'H' once ready, 'X' after each run with "<exit status>
-// <streams marked>". After a run it writes the nonce on fds 1 and 2, so that
-// moat knows where the run's output ends.
-const interpreterDriver = `import os, sys, struct, traceback, linecache
-def _moat_driver():
-    ctl = os.dup(0)
-    nul = os.open('/dev/null', os.O_RDONLY)
-    os.dup2(nul, 0)
-    os.close(nul)
-    sys.stdout.reconfigure(line_buffering=True)
-    sys.path.insert(0, os.getcwd())
-    out, err = sys.stdout, sys.stderr
-    def send(kind, payload):
-        os.write(ctl, kind + struct.pack('>I', len(payload)) + payload)
-    def readn(n):
-        buf = b''
-        while len(buf) < n:
-            b = os.read(ctl, n - len(buf))
-            if not b:
-                os._exit(0)
-            buf += b
-        return buf
-    def status_of(code):
-        if code is None:
-            return 0
-        if isinstance(code, int):
-            return code & 0xff
-        try:
-            print(code, file=sys.stderr)
-        except Exception:
-            pass
-        return 1
-    g = {'__name__': '__main__', '__builtins__': __builtins__}
-    send(b'H', b'')
-    n = 0
-    while True:
-        hdr = readn(37)
-        nonce, size = hdr[1:33], struct.unpack('>I', hdr[33:])[0]
-        src = readn(size)
-        n += 1
-        name = '<run %d>' % n
-        status = 0
-        try:
-            try:
-                text = src.decode('utf-8')
-                linecache.cache[name] = (len(text), None, text.splitlines(True), name)
-            except UnicodeDecodeError:
-                pass
-            exec(compile(src, name, 'exec'), g)
-        except SystemExit as e:
-            status = status_of(e.code)
-        except BaseException:
-            t, v, tb = sys.exc_info()
-            try:
-                traceback.print_exception(t, v, tb.tb_next)
-            except BaseException:
-                pass
-            status = 1
-        marked = ''
-        for f in (sys.stdout, sys.stderr, out, err):
-            try:
-                f.flush()
-            except BaseException:
-                pass
-        sys.stdout, sys.stderr = out, err
-        for fd, c in ((1, 'o'), (2, 'e')):
-            try:
-                os.write(fd, nonce)
-                marked += c
-            except OSError:
-                pass
-        send(b'X', ('%d %s' % (status, marked)).encode())
-_moat_driver()
-`
-
-// nonceLen is the length of the end-of-run marker.
-const nonceLen = 32
-
-// frame is one message from the driver.
-type frame struct {
-	kind    byte
-	payload []byte
-}
-
-// interpreter is a live python3 under the helper.
-type interpreter struct {
-	s      *Sandbox
-	cmd    *exec.Cmd
-	ctl    *os.File // moat's end of the control socket
-	status *os.File // the helper's status pipe
-	group  *cgroup.Group
-	frames chan frame    // closed when the control socket ends
-	exited chan struct{} // closed when the helper has exited
-	outs   [2]*streamRouter
-	frozen bool
-	dead   bool // killed or ended: the next run starts a new one
-}
-
-// streamRouter passes what the interpreter writes on one stream to the
-// current run's sink, and drops it between runs.
-type streamRouter struct {
-	mu   sync.Mutex
-	sink *markSink
-	eof  chan struct{}
-}
-
-func (sr *streamRouter) pump(r io.ReadCloser) {
-	defer close(sr.eof)
-	defer r.Close()
-	buf := make([]byte, 64*1024)
-	for {
-		n, err := r.Read(buf)
-		if n > 0 {
-			sr.mu.Lock()
-			if sr.sink != nil {
-				sr.sink.feed(buf[:n])
-			}
-			sr.mu.Unlock()
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-func (sr *streamRouter) set(m *markSink) {
-	sr.mu.Lock()
-	sr.sink = m
-	sr.mu.Unlock()
-}
-
-// markSink feeds a run's capture buffer until the run's end marker.
-type markSink struct {
-	marker  []byte
-	buf     *capture.Buffer
-	pending []byte // a tail that may be the start of the marker
-	seen    chan struct{}
-	done    bool
-}
-
-func newMarkSink(marker []byte, buf *capture.Buffer) *markSink {
-	return &markSink{marker: marker, buf: buf, seen: make(chan struct{})}
-}
-
-func (m *markSink) feed(p []byte) {
-	if m.done {
-		return // after the marker: output of processes left behind
-	}
-	data := append(m.pending, p...)
-	m.pending = nil
-	if i := bytes.Index(data, m.marker); i >= 0 {
-		m.buf.Write(data[:i])
-		m.done = true
-		close(m.seen)
-		return
-	}
-	keep := 0
-	for k := min(len(m.marker)-1, len(data)); k > 0; k-- {
-		if bytes.HasSuffix(data, m.marker[:k]) {
-			keep = k
-			break
-		}
-	}
-	m.buf.Write(data[:len(data)-keep])
-	m.pending = append([]byte(nil), data[len(data)-keep:]...)
-}
-
-// flush passes on a held-back tail when the marker never came.
-func (m *markSink) flush() {
-	if !m.done && len(m.pending) > 0 {
-		m.buf.Write(m.pending)
-		m.pending = nil
-	}
-}
-
-// startInterpreter starts python3 and the driver under the helper. The
-// caller waits for the driver's 'H' frame.
-func (ss *Session) startInterpreter() (*interpreter, error) {
-	s := ss.s
-	in := &interpreter{s: s, frames: make(chan frame, 4), exited: make(chan struct{})}
-	var rnd [8]byte
-	rand.Read(rnd[:])
-	id := s.owner + "-" + hex.EncodeToString(rnd[:])
-	lim := s.limits
-	if s.strict {
-		g, err := s.cg.New(id, cgroup.Limits{Memory: int64(lim.Memory), Pids: int64(lim.Pids)})
-		if err != nil {
-			return nil, unavailable("cannot create the interpreter's cgroup", "", err)
-		}
-		in.group = g
-	}
-	// -I: no environment variables, no user site; the driver puts the
-	// working directory on sys.path itself.
-	sp := ss.spec(in.group, []string{"python3", "-I", "-c", interpreterDriver})
-	if s.strict {
-		// RLIMIT_CPU counts a process's whole life, and the interpreter
-		// lives across runs: the cgroup's account bounds each run instead.
-		for i := range sp.Rlimits {
-			if sp.Rlimits[i].Resource == unix.RLIMIT_CPU {
-				sp.Rlimits[i].Cur, sp.Rlimits[i].Max = unix.RLIM_INFINITY, unix.RLIM_INFINITY
-			}
-		}
-	}
-	arg, err := json.Marshal(sp)
-	if err != nil {
-		in.close()
-		return nil, fmt.Errorf("subprocess: %w", err)
-	}
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		in.close()
-		return nil, fmt.Errorf("subprocess: %w", err)
-	}
-	in.ctl = os.NewFile(uintptr(fds[0]), "interpreter-control")
-	child := os.NewFile(uintptr(fds[1]), "interpreter-control-child")
-	defer child.Close()
-	statusR, statusW, err := os.Pipe()
-	if err != nil {
-		in.close()
-		return nil, fmt.Errorf("subprocess: %w", err)
-	}
-	defer statusW.Close()
-	in.status = statusR
-	specR, specW, err := os.Pipe()
-	if err != nil {
-		in.close()
-		return nil, fmt.Errorf("subprocess: %w", err)
-	}
-	defer specR.Close()
-	defer specW.Close()
-	var childEnds []*os.File
-	defer func() {
-		for _, f := range childEnds {
-			f.Close()
-		}
-	}()
-	var readers [2]*os.File
-	for i := range readers {
-		r, w, err := os.Pipe()
-		if err != nil {
-			for _, f := range readers {
-				if f != nil {
-					f.Close()
-				}
-			}
-			in.close()
-			return nil, fmt.Errorf("subprocess: %w", err)
-		}
-		readers[i] = r
-		childEnds = append(childEnds, w)
-	}
-
-	// The same helper as a one-shot run's (see warm.go), with the control
-	// socket as its stdin, which python3 inherits.
-	cmd := s.helperCmd()
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = child, childEnds[0], childEnds[1]
-	cmd.ExtraFiles = []*os.File{statusW, specR} // fds 3 and 4
-	if err := cmd.Start(); err != nil {
-		readers[0].Close()
-		readers[1].Close()
-		in.close()
-		return nil, unavailable("cannot start the sandbox helper", "", err)
-	}
-	in.cmd = cmd
-	specR.Close()
-	if _, err := specW.Write(arg); err != nil {
-		in.s.log.Warn("subprocess: interpreter spec", "err", err)
-	}
-	specW.Close()
-	for i := range in.outs {
-		in.outs[i] = &streamRouter{eof: make(chan struct{})}
-		go in.outs[i].pump(readers[i])
-	}
-	go func() {
-		cmd.Wait()
-		close(in.exited)
-	}()
-	go in.readFrames()
-	return in, nil
-}
-
-// readFrames reads the driver's frames until the socket ends or breaks.
-func (in *interpreter) readFrames() {
-	defer close(in.frames)
-	var hdr [5]byte
-	for {
-		if _, err := io.ReadFull(in.ctl, hdr[:]); err != nil {
-			return
-		}
-		n := binary.BigEndian.Uint32(hdr[1:])
-		if n > 4096 {
-			return // not the driver speaking: treat as the end
-		}
-		p := make([]byte, n)
-		if _, err := io.ReadFull(in.ctl, p); err != nil {
-			return
-		}
-		in.frames <- frame{hdr[0], p}
-	}
-}
-
-// kill ends the interpreter and everything it started.
-func (in *interpreter) kill() {
-	in.dead = true
-	if in.cmd != nil && in.cmd.Process != nil {
-		in.cmd.Process.Kill()
-	}
-	if in.group != nil {
-		in.group.Kill()
-	}
-}
-
-// close releases what the interpreter held, after it has ended.
-func (in *interpreter) close() {
-	in.dead = true
-	if in.cmd != nil {
-		select {
-		case <-in.exited:
-		case <-time.After(5 * time.Second):
-			in.s.log.Warn("subprocess: interpreter helper did not exit")
-		}
-	}
-	if in.ctl != nil {
-		in.ctl.Close()
-		go func() {
-			for range in.frames {
-			}
-		}()
-	}
-	if in.status != nil {
-		in.status.Close()
-	}
-	if in.group != nil {
-		if err := in.group.Kill(); err != nil {
-			in.s.log.Warn("subprocess: interpreter cleanup", "err", err)
-		}
-		if err := in.group.Remove(); err != nil {
-			in.s.log.Warn("subprocess: interpreter cleanup", "err", err)
-		}
-	}
-}
-
-// signalAll sends sig to every process of the interpreter but the helper
-// until each is in the wanted state (stopped or not), a bounded number of
-// times. It reports whether it got there.
-func (in *interpreter) signalAll(sig syscall.Signal, stopped bool) bool {
-	if in.group == nil {
-		return true
-	}
-	helper := in.cmd.Process.Pid
-	for range 50 {
-		all := true
-		for _, pid := range in.group.Pids() {
-			if pid == helper {
-				continue
-			}
-			if processStopped(pid) == stopped {
-				continue
-			}
-			all = false
-			syscall.Kill(pid, sig)
-		}
-		if all {
-			return true
-		}
-		time.Sleep(time.Millisecond)
-	}
-	return false
-}
-
-// processStopped reports whether every thread of pid is stopped (or pid is
-// gone or a zombie, which can run no more).
-func processStopped(pid int) bool {
-	tasks, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
-	if err != nil {
-		return true
-	}
-	for _, t := range tasks {
-		data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/task/" + t.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		// The state follows the command name in parentheses, which may
-		// itself hold parentheses.
-		i := bytes.LastIndexByte(data, ')')
-		if i < 0 || i+2 >= len(data) {
-			continue
-		}
-		switch data[i+2] {
-		case 'T', 't', 'Z', 'X':
-		default:
-			return false
-		}
-	}
-	return true
-}
-
-// runInterpreter runs req in the live interpreter, starting one if needed.
-// The caller holds the session's turn.
-func (ss *Session) runInterpreter(ctx context.Context, req moat.Request) (*moat.Result, error) {
-	s, lim := ss.s, ss.s.limits
-	start := time.Now()
-	runCtx, cancel := context.WithTimeout(ctx, time.Duration(lim.WallTime))
-	defer cancel()
-
-	in := ss.interp
-	if in != nil && in.dead {
-		in.close()
-		in, ss.interp = nil, nil
-	}
-	if in == nil {
-		var err error
-		in, err = ss.startInterpreter()
-		if err != nil {
-			return nil, err
-		}
-		ss.interp = in
-		// Wait for the driver to be ready, within the run's time; keep
-		// what it says on stderr meanwhile, for the error.
-		startErr := capture.New(4096, nil)
-		in.outs[1].set(newMarkSink([]byte("\x00"), startErr))
-		defer in.outs[1].set(nil)
-		select {
-		case f, ok := <-in.frames:
-			if !ok || f.kind != 'H' {
-				in.kill()
-				<-in.exited
-				st, _ := parseStatus(readStatus(in.status))
-				in.close()
-				ss.interp = nil
-				if st.err != "" {
-					return nil, fmt.Errorf("subprocess: sandbox set-up failed, nothing ran: %s: %w", st.err, moat.ErrUnavailable)
-				}
-				return nil, fmt.Errorf("subprocess: the interpreter did not start: %s: %w", tail(startErr.Bytes(), 512), moat.ErrUnavailable)
-			}
-		case <-runCtx.Done():
-			in.kill()
-			in.close()
-			ss.interp = nil
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			return nil, fmt.Errorf("subprocess: the interpreter did not start within the wall time %v: %s: %w", lim.WallTime, tail(startErr.Bytes(), 512), moat.ErrUnavailable)
-		}
-	}
-	if in.frozen {
-		if !in.signalAll(syscall.SIGCONT, false) {
-			s.log.Warn("subprocess: could not resume every process of the interpreter", "session", ss.id)
-		}
-		in.frozen = false
-	}
-
-	var rnd [nonceLen / 2]byte
-	rand.Read(rnd[:])
-	nonce := []byte(hex.EncodeToString(rnd[:]))
-	bufs := [2]*capture.Buffer{capture.New(int64(lim.Output), req.Stdout), capture.New(int64(lim.Output), req.Stderr)}
-	sinks := [2]*markSink{newMarkSink(nonce, bufs[0]), newMarkSink(nonce, bufs[1])}
-	for i := range sinks {
-		in.outs[i].set(sinks[i])
-	}
-	unset := func() {
-		for i := range sinks {
-			in.outs[i].set(nil)
-		}
-	}
-	defer unset()
-
-	var baseCPU time.Duration
-	if in.group != nil {
-		baseCPU, _ = in.group.CPUUsage()
-	}
-	var killedByUs, cpuOver atomic.Bool
-	finished := make(chan struct{})
-	var watchers sync.WaitGroup
-	watchers.Add(1)
-	go func() {
-		defer watchers.Done()
-		select {
-		case <-finished:
-		case <-runCtx.Done():
-			killedByUs.Store(true)
-			in.kill()
-		}
-	}()
-	stopCPU := func() {}
-	if in.group != nil {
-		stopCPU = in.group.WatchCPU(baseCPU, time.Duration(lim.CPUTime), in.kill, &cpuOver)
-	}
-
-	msg := make([]byte, 0, 1+nonceLen+4+len(req.Code))
-	msg = append(msg, 'R')
-	msg = append(msg, nonce...)
-	msg = binary.BigEndian.AppendUint32(msg, uint32(len(req.Code)))
-	msg = append(msg, req.Code...)
-	// A write that fails means the interpreter ended; the frames say how.
-	in.ctl.Write(msg)
-
-	exitCode, marked, gotExit := 0, "", false
-	for f := range in.frames {
-		if f.kind != 'X' {
-			continue
-		}
-		code, m, _ := strings.Cut(string(f.payload), " ")
-		n, err := strconv.Atoi(code)
-		if err != nil {
-			break // not the driver speaking
-		}
-		exitCode, marked, gotExit = n, m, true
-		break
-	}
-	if gotExit {
-		// Wait for the end markers of the streams the driver marked, so
-		// that all the run's output is in.
-		wait := time.NewTimer(2 * time.Second)
-		for i, c := range []string{"o", "e"} {
-			if !strings.Contains(marked, c) {
-				continue
-			}
-			select {
-			case <-sinks[i].seen:
-			case <-in.outs[i].eof:
-			case <-wait.C:
-			case <-runCtx.Done():
-			}
-		}
-		wait.Stop()
-		for i := range sinks {
-			select {
-			case <-sinks[i].seen:
-			default:
-				// The code redirected or closed its stdout or stderr: the
-				// next run could not be told apart. Start afresh.
-				in.kill()
-			}
-		}
-	}
-	close(finished)
-	watchers.Wait()
-	stopCPU()
-	end := time.Now()
-
-	var events cgroup.Events
-	if in.group != nil {
-		events = in.group.Events()
-	}
-	if !gotExit || events.OOMKill || events.PidsMax {
-		in.kill()
-	}
-	res := &moat.Result{Level: moat.LevelSubprocess, Notes: s.notes}
-	signaled := false
-	if gotExit {
-		res.ExitCode = exitCode
-	} else {
-		// The interpreter ended during the run: the helper says how.
-		select {
-		case <-in.exited:
-		case <-time.After(5 * time.Second):
-		}
-		st, reported := parseStatus(readStatus(in.status))
-		switch {
-		case reported && st.err != "":
-			unset()
-			in.close()
-			ss.interp = nil
-			return nil, fmt.Errorf("subprocess: sandbox set-up failed: %s: %w", st.err, moat.ErrUnavailable)
-		case reported && st.exited:
-			res.ExitCode = st.code
-		case reported && st.signaled:
-			res.ExitCode = 128 + int(st.signal)
-			res.Signal = unix.SignalName(st.signal)
-			signaled = true
-		default:
-			// Killed by moat, or the helper itself was killed.
-			res.ExitCode = 128 + int(syscall.SIGKILL)
-			res.Signal = unix.SignalName(syscall.SIGKILL)
-			signaled = true
-		}
-	}
-	unset()
-	for i := range sinks {
-		sinks[i].flush()
-	}
-	res.Stdout, res.Stderr = bufs[0].Bytes(), bufs[1].Bytes()
-	res.Truncated = bufs[0].Truncated() || bufs[1].Truncated()
-	probe := &run{dir: ss.dir, mounted: ss.mounted}
-	switch {
-	case !gotExit && killedByUs.Load() && ctx.Err() != nil:
-		res.Reason = moat.ReasonCanceled
-	case !gotExit && (killedByUs.Load() || cpuOver.Load()):
-		res.Reason = moat.ReasonTimeout
-	case events.OOMKill:
-		res.Reason = moat.ReasonMemory
-	case events.PidsMax:
-		res.Reason = moat.ReasonPids
-	case probe.fileAtLimit(int64(lim.FileSize)):
-		res.Reason = moat.ReasonFileSize
-	case ss.mounted && probe.diskFull():
-		res.Reason = moat.ReasonDisk
-	case res.Truncated:
-		res.Reason = moat.ReasonOutput
-	case signaled:
-		res.Reason = moat.ReasonSignal
-	}
-	res.Duration = end.Sub(start)
-
-	if in.dead {
-		in.close()
-		ss.interp = nil
-	} else {
-		if in.signalAll(syscall.SIGSTOP, true) {
-			in.frozen = true
-		} else {
-			in.kill()
-			in.close()
-			ss.interp = nil
-		}
-	}
-	return res, nil
-}
-
-// readStatus reads what the helper reported, once it has exited.
-func readStatus(f *os.File) []byte {
-	if f == nil {
-		return nil
-	}
-	f.SetReadDeadline(time.Now().Add(time.Second))
-	b, _ := io.ReadAll(io.LimitReader(f, 4096))
-	return b
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
@@ -291,35 +292,224 @@ func TestInterpreterTimeoutStartsAfresh(t *testing.T) {
 	}
 }
 
-// TestInterpreterFrozenBetweenRuns checks that what the code leaves running
-// is stopped while no run is going on.
-func TestInterpreterFrozenBetweenRuns(t *testing.T) {
+// wakeAndSpinCode arms, in the interpreter and in a child it forks, a POSIX
+// timer that sends the process SIGCONT every 10ms (what wakes a process
+// stopped with SIGSTOP), and leaves a thread (in the child, its main
+// thread) spinning; then it returns, with a variable set.
+const wakeAndSpinCode = `import ctypes, os, signal, threading
+libc = ctypes.CDLL(None, use_errno=True)
+class sigevent(ctypes.Structure):
+    _fields_ = [('value', ctypes.c_void_p), ('signo', ctypes.c_int), ('notify', ctypes.c_int), ('pad', ctypes.c_int * 12)]
+class timespec(ctypes.Structure):
+    _fields_ = [('sec', ctypes.c_long), ('nsec', ctypes.c_long)]
+class itimerspec(ctypes.Structure):
+    _fields_ = [('interval', timespec), ('value', timespec)]
+def arm():
+    # With SIGCONT ignored (its default), the kernel parks the timer after
+    # its first expiry; a handler keeps it firing.
+    signal.signal(signal.SIGCONT, lambda *a: None)
+    sev = sigevent(None, signal.SIGCONT, 0)  # SIGEV_SIGNAL
+    tid = ctypes.c_void_p()
+    if libc.timer_create(1, ctypes.byref(sev), ctypes.byref(tid)) != 0:  # CLOCK_MONOTONIC
+        raise OSError(ctypes.get_errno(), 'timer_create')
+    its = itimerspec(timespec(0, 10000000), timespec(0, 10000000))
+    if libc.timer_settime(tid, 0, ctypes.byref(its), None) != 0:
+        raise OSError(ctypes.get_errno(), 'timer_settime')
+def spin():
+    while True:
+        pass
+if os.fork() == 0:
+    arm()
+    spin()
+arm()
+threading.Thread(target=spin, daemon=True).start()
+x = 41
+print(os.getuid())
+`
+
+// TestSessionInterpreterFrozenBetweenRuns checks that nothing the code
+// leaves behind runs between runs, not even processes that arm a timer to
+// send themselves SIGCONT: the CPU the interpreter's cgroup uses in a gap
+// between runs, read on the host, is next to none. The variables survive.
+func TestSessionInterpreterFrozenBetweenRuns(t *testing.T) {
 	_, s := newSession(t, moat.Limits{}, moat.SessionOptions{Interpreter: true})
-	res := srun(t, s, "import threading, subprocess, os\n"+
-		"def spin():\n  while True: pass\n"+
-		"threading.Thread(target=spin, daemon=True).start()\n"+
-		"subprocess.Popen(['sleep', '100'])\n"+
-		"print(os.getuid())")
+	res := srun(t, s, wakeAndSpinCode)
 	uid, err := strconv.Atoi(out(res))
-	if err != nil {
-		t.Fatalf("uid: %q %s", res.Stdout, res.Stderr)
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("arming: exit %d %q %s", res.ExitCode, res.Stdout, res.Stderr)
 	}
-	procs := processesOf(uid)
-	if len(procs) < 2 {
-		t.Fatalf("want the interpreter and sleep, found %v", procs)
+	if procs := processesOf(uid); len(procs) < 3 {
+		t.Fatalf("want the interpreter's threads and the forked child, found %v", procs)
 	}
-	for pid, state := range procs {
-		if state != "T" {
-			t.Errorf("process %s is in state %s between runs, want T (stopped)", pid, state)
-		}
+	if frozen, err := s.InterpreterFrozen(); err != nil || !frozen {
+		t.Errorf("between runs the interpreter's cgroup is not frozen: %v, %v", frozen, err)
 	}
-	// It resumes for the next run.
-	if res := srun(t, s, "import threading; print(threading.active_count())"); out(res) != "2" {
-		t.Errorf("after resuming: %q %s", res.Stdout, res.Stderr)
+	const gap = 2 * time.Second
+	before := interpreterCPU(t, s)
+	time.Sleep(gap)
+	used := interpreterCPU(t, s) - before
+	t.Logf("CPU used in a %v gap between runs: %v", gap, used)
+	if used*20 > gap {
+		t.Errorf("the interpreter used %v of CPU in a %v gap between runs (want under 5%%)", used, gap)
+	}
+
+	// Positive control: during a run the spinners do run.
+	before = interpreterCPU(t, s)
+	res = srun(t, s, "import time; time.sleep(0.5); print(x)")
+	during := interpreterCPU(t, s) - before
+	if out(res) != "41" {
+		t.Errorf("after the gap: %q %s (want the variable kept)", res.Stdout, res.Stderr)
+	}
+	if during*4 < res.Duration {
+		t.Errorf("positive control: the spinners used only %v of CPU in a %v run", during, res.Duration)
 	}
 	s.Close()
 	if procs := processesOf(uid); len(procs) != 0 {
 		t.Errorf("processes left after Close: %v", procs)
+	}
+	// The interpreter's groups, the freezer's included, are gone.
+	owner, _, _ := strings.Cut(filepath.Base(s.Dir()), "-s")
+	if left, _ := filepath.Glob("/sys/fs/cgroup/*/moat/" + owner + "-*"); len(left) != 0 {
+		t.Errorf("cgroups left after Close: %v", left)
+	}
+}
+
+func interpreterCPU(t *testing.T, s *subprocess.Session) time.Duration {
+	t.Helper()
+	used, ok, err := s.InterpreterCPU()
+	if err != nil || !ok {
+		t.Fatalf("the interpreter's CPU account: %v, %v", ok, err)
+	}
+	return used
+}
+
+// TestSessionInterpreterNeedsFreezer: without a cgroup freezer, a session
+// with a live interpreter is refused rather than held with SIGSTOP; one
+// without is still made.
+func TestSessionInterpreterNeedsFreezer(t *testing.T) {
+	requireRoot(t)
+	sb, err := subprocess.New(subprocess.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	sb.WithoutFreezer()
+	if s, err := sb.NewSession(context.Background(), moat.SessionOptions{Interpreter: true}); !errors.Is(err, moat.ErrUnavailable) || !strings.Contains(fmt.Sprint(err), "freezer") {
+		t.Errorf("NewSession(Interpreter) without a freezer: %v, want ErrUnavailable naming the freezer", err)
+		if s != nil {
+			s.Close()
+		}
+	}
+	s, err := sb.NewSession(context.Background(), moat.SessionOptions{})
+	if err != nil {
+		t.Fatalf("a session without an interpreter needs no freezer: %v", err)
+	}
+	defer s.Close()
+	if res := srun(t, s, "print(1)"); out(res) != "1" {
+		t.Errorf("run: %q %s", res.Stdout, res.Stderr)
+	}
+}
+
+// TestSessionCPUBudget: the session's interpreters together, a fresh one
+// after os._exit included, are bounded by SessionCPUTime; the run that
+// reaches it ends with a timeout well before its own CPU limit, and the
+// session then runs nothing more while its files stay readable.
+func TestSessionCPUBudget(t *testing.T) {
+	requireRoot(t)
+	if err := (subprocess.Config{SessionCPUTime: -1}).Validate(); !errors.Is(err, moat.ErrInvalid) {
+		t.Errorf("a negative session cpu time: %v, want ErrInvalid", err)
+	}
+	const budget = 2 * time.Second
+	lim := moat.Limits{CPUTime: moat.Duration(20 * time.Second), WallTime: moat.Duration(40 * time.Second)}
+	sb, err := subprocess.New(subprocess.Config{Limits: lim, SessionCPUTime: moat.Duration(budget)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	s, err := sb.NewSession(context.Background(), moat.SessionOptions{Interpreter: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	burn := "import time, os\nt = time.process_time()\nwhile time.process_time() - t < 1.2: pass\nopen('kept', 'w').write('yes')\nos._exit(0)"
+	if res := srun(t, s, burn); res.ExitCode != 0 || res.Reason != "" {
+		t.Fatalf("a run within the budget: exit %d reason %q %s", res.ExitCode, res.Reason, res.Stderr)
+	}
+	// A fresh interpreter: its CPU adds to the first one's.
+	res := srun(t, s, "while True: pass")
+	t.Logf("the run past the budget: %v, reason %q", res.Duration, res.Reason)
+	if res.Reason != moat.ReasonTimeout {
+		t.Errorf("a run past the session's budget: reason %q, want timeout", res.Reason)
+	}
+	if res.Duration > time.Duration(lim.CPUTime)/2 {
+		t.Errorf("a run past a %v budget of which 1.2s was used ran %v, as if bounded by the %v per-run limit only", budget, res.Duration, time.Duration(lim.CPUTime))
+	}
+	if _, err := s.Run(context.Background(), moat.Request{Code: []byte("print(1)")}); !errors.Is(err, moat.ErrClosed) {
+		t.Errorf("a run after the budget is spent: %v, want ErrClosed", err)
+	}
+	if got, err := readString(s, "kept"); err != nil || got != "yes" {
+		t.Errorf("the files after the budget is spent: %q, %v", got, err)
+	}
+}
+
+// forgeEndCode finds the driver's nonce and control socket from the code's
+// own frames and /proc, writes a forged end-of-run record and the output
+// markers, then goes on and ends with status 7, which the driver reports
+// late. It adapts to the control socket's protocol (a stream of
+// length-prefixed frames, or one record per message).
+const forgeEndCode = `import os, socket, stat, sys, time
+nonce = None
+f = sys._getframe()
+while f is not None:
+    for v in list(f.f_locals.values()):
+        if isinstance(v, bytes) and len(v) == 32:
+            try:
+                int(v, 16)
+                nonce = v
+            except ValueError:
+                pass
+    f = f.f_back
+ctl = None
+for fd in range(3, 256):
+    try:
+        if stat.S_ISSOCK(os.fstat(fd).st_mode):
+            ctl = fd
+            break
+    except OSError:
+        pass
+if nonce is None or ctl is None:
+    print('nothing found', nonce, ctl, file=sys.stderr)
+    sys.exit(99)
+s = socket.socket(fileno=os.dup(ctl))
+if s.type == socket.SOCK_SEQPACKET:
+    os.write(ctl, b'X' + nonce + b'0 oe')
+else:
+    os.write(ctl, b'X' + (4).to_bytes(4, 'big') + b'0 oe')
+os.write(1, nonce)
+os.write(2, nonce)
+time.sleep(1)
+raise SystemExit(7)
+`
+
+// TestSessionInterpreterForgedEnd: code that reads the driver's nonce and
+// writes a forged end of its run (which the host cannot tell from the real
+// one) must not shift the next run's exit status or output: the real, late
+// end of the forging run is not taken as the next run's.
+func TestSessionInterpreterForgedEnd(t *testing.T) {
+	_, s := newSession(t, moat.Limits{}, moat.SessionOptions{Interpreter: true})
+	res := srun(t, s, forgeEndCode)
+	// Positive control: the forgery reached the host (status 0, not 7 or
+	// 99).
+	if res.ExitCode != 0 {
+		t.Fatalf("positive control: the forging run ended with %d, not with its forged 0: %s", res.ExitCode, res.Stderr)
+	}
+	res = srun(t, s, "y = 5\nprint('two')\nraise SystemExit(3)")
+	if res.ExitCode != 3 || string(res.Stdout) != "two\n" || len(res.Stderr) != 0 {
+		t.Errorf("the run after a forged end: exit %d stdout %q stderr %q; want its own 3, \"two\\n\", nothing", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	res = srun(t, s, "print(y)")
+	if res.ExitCode != 0 || out(res) != "5" {
+		t.Errorf("the run after: exit %d stdout %q stderr %q", res.ExitCode, res.Stdout, res.Stderr)
 	}
 }
 
@@ -429,5 +619,26 @@ func TestSessionFileAtLimitIsOnlyItsRunsReason(t *testing.T) {
 	res = srun(t, s, "import os; print(os.path.getsize('big'))")
 	if res.Reason != "" || out(res) != "1048576" {
 		t.Errorf("second run: reason %q, stdout %q; want no reason and the 1 MiB file still there", res.Reason, out(res))
+	}
+}
+
+// TestSessionInterpreterControlGarbage: what the code writes on the control
+// socket (a partial frame, an empty record, one longer than any of the
+// driver's) neither ends its run nor shifts the framing of later records.
+func TestSessionInterpreterControlGarbage(t *testing.T) {
+	_, s := newSession(t, moat.Limits{}, moat.SessionOptions{Interpreter: true})
+	res := srun(t, s, `import os, stat
+ctl = next(fd for fd in range(3, 256) if os.path.exists('/proc/self/fd/%d' % fd) and stat.S_ISSOCK(os.fstat(fd).st_mode))
+os.write(ctl, b'X\x00\x00')
+os.write(ctl, b'')
+os.write(ctl, b'Z' * 10000)
+z = 1
+print('one')`)
+	if res.ExitCode != 0 || out(res) != "one" {
+		t.Errorf("the run writing on the control socket: exit %d stdout %q stderr %s", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	res = srun(t, s, "print('two', z)")
+	if res.ExitCode != 0 || out(res) != "two 1" {
+		t.Errorf("the next run: exit %d stdout %q stderr %s", res.ExitCode, res.Stdout, res.Stderr)
 	}
 }

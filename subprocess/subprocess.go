@@ -118,6 +118,15 @@ type Config struct {
 	// in this range.
 	UIDFirst int `json:"uid_first,omitempty"`
 	UIDCount int `json:"uid_count,omitempty"`
+	// SessionCPUTime is the most CPU time the live interpreters of one
+	// session (moat.SessionOptions.Interpreter) may use in all over the
+	// session's life, runs and the time between them together. The run that
+	// reaches it ends with moat.ReasonTimeout; the session's later runs then
+	// fail with an error wrapping moat.ErrClosed (its files stay readable
+	// until Close). Zero means ten times Limits.CPUTime (100s with the
+	// default limits). Sessions without an interpreter leave nothing
+	// running between runs and are bounded per run only.
+	SessionCPUTime moat.Duration `json:"session_cpu_time,omitempty"`
 	// Logger receives a line per run at debug level and set-up facts at
 	// info level. Nil means discard.
 	Logger *slog.Logger `json:"-"`
@@ -133,6 +142,9 @@ func (c Config) Validate() error {
 	}
 	if c.UIDFirst < 0 || c.UIDCount < 0 || (c.UIDFirst != 0 && c.UIDFirst < 1000) {
 		return fmt.Errorf("subprocess: uid range %d+%d must lie above the system's users: %w", c.UIDFirst, c.UIDCount, moat.ErrInvalid)
+	}
+	if c.SessionCPUTime < 0 {
+		return fmt.Errorf("subprocess: session cpu time %v is negative: %w", c.SessionCPUTime, moat.ErrInvalid)
 	}
 	if c.Python != "" && !filepath.IsAbs(c.Python) {
 		return fmt.Errorf("subprocess: python %q must be an absolute path: %w", c.Python, moat.ErrInvalid)

@@ -1,6 +1,8 @@
 // Package cgroup gives each sandbox run a control group of its own, with a
 // memory and a process limit, on cgroup v2 or on the v1 memory and pids
-// hierarchies, and says afterwards which limit the run hit.
+// hierarchies, and says afterwards which limit the run hit. A group asked to
+// be freezable can also be frozen and thawed ([Group.Freeze]), through v2's
+// cgroup.freeze or the v1 freezer hierarchy.
 //
 // Groups are named "<owner>-<run id>" under a parent directory ("moat" by
 // default) in each hierarchy, so that a later process can tell the groups of
@@ -15,6 +17,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -32,17 +35,31 @@ type Manager struct {
 	// dirs are the parent directories, one per hierarchy: on v2 the single
 	// unified one; on v1 memory, pids and cpuacct, in that order.
 	dirs []string
+	// freezer is the parent directory in the v1 freezer hierarchy, "" on v2
+	// or when there is none.
+	freezer string
+	// noFreezer says why groups cannot be frozen; nil when they can.
+	noFreezer error
 }
+
+// ErrNoFreezer means groups cannot be frozen here: no v1 freezer hierarchy,
+// or a v2 kernel without cgroup.freeze.
+var ErrNoFreezer = errors.New("cgroup: no freezer")
 
 // Limits are what a group enforces.
 type Limits struct {
 	Memory int64 // bytes; swap is held at zero beyond it where the kernel allows
 	Pids   int64 // processes and threads
+	// Freezable makes a group that [Group.Freeze] can freeze. On v1 it
+	// puts the group in the freezer hierarchy too. New fails with an error
+	// wrapping ErrNoFreezer when there is no freezer.
+	Freezable bool
 }
 
-// Detect finds the memory, pids and CPU accounting controllers and prepares parent (e.g.
-// "moat") under them. It fails when either controller cannot be had; the
-// error explains why.
+// Detect finds the memory, pids and CPU accounting controllers and prepares
+// parent (e.g. "moat") under them. It fails when one of them cannot be had;
+// the error explains why. It also looks for the freezer, which only
+// freezable groups need: [Manager.Freezer] says whether it was found.
 func Detect(parent string) (*Manager, error) {
 	if parent == "" || strings.Contains(parent, "..") {
 		return nil, fmt.Errorf("cgroup: bad parent name %q", parent)
@@ -63,6 +80,10 @@ func Detect(parent string) (*Manager, error) {
 			return nil, fmt.Errorf("cgroup: enable memory and pids controllers under %s: %w", dir, err)
 		}
 		m.dirs = []string{dir}
+		// cgroup.freeze exists in every non-root group from Linux 5.2 on.
+		if _, err := os.Stat(filepath.Join(dir, "cgroup.freeze")); err != nil {
+			m.noFreezer = fmt.Errorf("%w: the v2 hierarchy has no cgroup.freeze (Linux 5.2 or later has it): %v", ErrNoFreezer, err)
+		}
 		return m, nil
 	}
 	for _, c := range []string{"memory", "pids", "cpuacct"} {
@@ -76,7 +97,31 @@ func Detect(parent string) (*Manager, error) {
 		}
 		m.dirs = append(m.dirs, dir)
 	}
+	base := filepath.Join(Root, "freezer")
+	if _, err := os.Stat(filepath.Join(base, "cgroup.procs")); err != nil {
+		m.noFreezer = fmt.Errorf("%w: no v1 freezer hierarchy at %s", ErrNoFreezer, base)
+		return m, nil
+	}
+	dir := filepath.Join(base, parent)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		m.noFreezer = fmt.Errorf("%w: %v", ErrNoFreezer, err)
+		return m, nil
+	}
+	m.freezer = dir
 	return m, nil
+}
+
+// Freezer returns nil when freezable groups can be made here, else an error
+// wrapping ErrNoFreezer that says why not.
+func (m *Manager) Freezer() error { return m.noFreezer }
+
+// WithoutFreezer returns a copy of m that makes groups as on a host without
+// a freezer, so that callers can test how they refuse then.
+func (m *Manager) WithoutFreezer() *Manager {
+	c := *m
+	c.freezer = ""
+	c.noFreezer = fmt.Errorf("%w: disabled for a test", ErrNoFreezer)
+	return &c
 }
 
 // Version returns 1 or 2.
@@ -92,12 +137,18 @@ type Group struct {
 	m    *Manager
 	name string
 	dirs []string // same order as Manager.dirs
+	// freezer is the group's directory in the v1 freezer hierarchy, or "".
+	freezer   string
+	freezable bool
 }
 
 // New creates the group name with the given limits. The caller must Remove
 // it.
 func (m *Manager) New(name string, l Limits) (*Group, error) {
-	g := &Group{m: m, name: name}
+	if l.Freezable && m.noFreezer != nil {
+		return nil, m.noFreezer
+	}
+	g := &Group{m: m, name: name, freezable: l.Freezable}
 	for _, parent := range m.dirs {
 		dir := filepath.Join(parent, name)
 		if err := os.Mkdir(dir, 0o755); err != nil {
@@ -105,6 +156,14 @@ func (m *Manager) New(name string, l Limits) (*Group, error) {
 			return nil, fmt.Errorf("cgroup: %w", err)
 		}
 		g.dirs = append(g.dirs, dir)
+	}
+	if l.Freezable && !m.v2 {
+		dir := filepath.Join(m.freezer, name)
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			g.Remove()
+			return nil, fmt.Errorf("cgroup: %w", err)
+		}
+		g.freezer = dir
 	}
 	mem := strconv.FormatInt(l.Memory, 10)
 	pids := strconv.FormatInt(l.Pids, 10)
@@ -145,6 +204,8 @@ func (g *Group) dirFor(file string) string {
 		return g.dirs[0]
 	case strings.HasPrefix(file, "cpuacct."):
 		return g.dirs[2]
+	case strings.HasPrefix(file, "freezer."):
+		return g.freezer
 	}
 	return g.dirs[1]
 }
@@ -194,11 +255,20 @@ func (g *Group) JoinFiles() []string {
 	if g.m.v2 {
 		file = "cgroup.procs"
 	}
-	out := make([]string, len(g.dirs))
-	for i, d := range g.dirs {
-		out[i] = filepath.Join(d, file)
+	var out []string
+	for _, d := range g.allDirs() {
+		out = append(out, filepath.Join(d, file))
 	}
 	return out
+}
+
+// allDirs returns the group's directories in every hierarchy, the freezer's
+// last.
+func (g *Group) allDirs() []string {
+	if g.freezer == "" {
+		return g.dirs
+	}
+	return append(slices.Clip(g.dirs), g.freezer)
 }
 
 // Events says which limits the group hit.
@@ -247,7 +317,7 @@ func findKey(data []byte, key string) (int64, bool) {
 func (g *Group) Pids() []int {
 	var out []int
 	seen := map[int]bool{}
-	for _, d := range g.dirs {
+	for _, d := range g.allDirs() {
 		data, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
 		if err != nil {
 			continue
@@ -262,14 +332,25 @@ func (g *Group) Pids() []int {
 	return out
 }
 
-// Kill kills every process in the group and waits, bounded, until none is
-// left. On v2 it uses cgroup.kill; on v1 it kills the listed processes until
-// the list stays empty (a forking process is caught on a later pass, and the
-// pids limit bounds how many there can be).
+// Kill kills every process in the group, frozen or not, and waits, bounded,
+// until none is left. On v2 it uses cgroup.kill. On v1 it kills the listed
+// processes until the list stays empty (a forking process is caught on a
+// later pass, and the pids limit bounds how many there can be); a freezable
+// group is frozen first, so that none can fork meanwhile, and thawed after
+// the kill, since a process frozen on v1 dies only once thawed.
 func (g *Group) Kill() error {
 	if g.m.v2 {
 		if err := os.WriteFile(filepath.Join(g.dirs[0], "cgroup.kill"), []byte("1"), 0); err == nil {
 			return g.waitEmpty()
+		}
+	}
+	if g.freezer != "" {
+		g.Freeze() // best effort: a group that will not freeze is killed below all the same
+		for _, p := range g.Pids() {
+			syscall.Kill(p, syscall.SIGKILL)
+		}
+		if err := g.Thaw(); err != nil {
+			return fmt.Errorf("cgroup: kill %s: %w", g.name, err)
 		}
 	}
 	deadline := time.Now().Add(5 * time.Second)
@@ -302,8 +383,9 @@ func (g *Group) waitEmpty() error {
 // is safe to call more than once.
 func (g *Group) Remove() error {
 	var errs []error
-	for i := len(g.dirs) - 1; i >= 0; i-- {
-		if err := rmdirRetry(g.dirs[i]); err != nil {
+	dirs := g.allDirs()
+	for i := len(dirs) - 1; i >= 0; i-- {
+		if err := rmdirRetry(dirs[i]); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -342,7 +424,11 @@ func (m *Manager) Reap() ([]string, error) {
 func (m *Manager) ReapDead(dead func(name string) bool) ([]string, error) {
 	seen := map[string]bool{}
 	var names []string
-	for _, parent := range m.dirs {
+	parents := m.dirs
+	if m.freezer != "" {
+		parents = append(slices.Clip(parents), m.freezer)
+	}
+	for _, parent := range parents {
 		entries, err := os.ReadDir(parent)
 		if err != nil {
 			return nil, fmt.Errorf("cgroup: %w", err)
@@ -362,6 +448,11 @@ func (m *Manager) ReapDead(dead func(name string) bool) ([]string, error) {
 		g := &Group{m: m, name: name}
 		for _, parent := range m.dirs {
 			g.dirs = append(g.dirs, filepath.Join(parent, name))
+		}
+		// A group of a dead moat may have been left frozen: it must be
+		// thawed for its processes to die.
+		if dir := filepath.Join(m.freezer, name); m.freezer != "" && exists(dir) {
+			g.freezer, g.freezable = dir, true
 		}
 		if err := g.Kill(); err != nil {
 			errs = append(errs, err)
@@ -387,6 +478,11 @@ func OwnerPid(name string) (int, bool) {
 func processAlive(pid int) bool {
 	err := syscall.Kill(pid, 0)
 	return err == nil || errors.Is(err, syscall.EPERM)
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 func contains(list []string, s string) bool {

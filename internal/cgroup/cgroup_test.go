@@ -28,8 +28,15 @@ func newManager(t *testing.T) *Manager {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if m.Freezer() != nil {
+		// Sessions with a live interpreter need it; CI has it.
+		t.Fatal(m.Freezer())
+	}
 	t.Cleanup(func() {
-		for _, d := range m.dirs {
+		for _, d := range append(slices.Clip(m.dirs), m.freezer) {
+			if d == "" {
+				continue
+			}
 			if err := rmdirRetry(d); err != nil {
 				t.Errorf("parent left behind: %v", err)
 			}
@@ -103,8 +110,16 @@ func TestNewWritesLimits(t *testing.T) {
 // even one that keeps forking, and that Remove then removes every directory
 // (twice is fine).
 func TestKillEmptiesAForkingGroup(t *testing.T) {
+	for _, freezable := range []bool{false, true} {
+		t.Run("freezable="+strconv.FormatBool(freezable), func(t *testing.T) {
+			testKillEmptiesAForkingGroup(t, freezable)
+		})
+	}
+}
+
+func testKillEmptiesAForkingGroup(t *testing.T, freezable bool) {
 	m := newManager(t)
-	g, err := m.New("1-kill", Limits{Memory: 64 << 20, Pids: 1000})
+	g, err := m.New("1-kill", Limits{Memory: 64 << 20, Pids: 1000, Freezable: freezable})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +139,7 @@ func TestKillEmptiesAForkingGroup(t *testing.T) {
 	if err := g.Remove(); err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range g.dirs {
+	for _, d := range g.allDirs() {
 		if _, err := os.Stat(d); !os.IsNotExist(err) {
 			t.Errorf("%s still there after Remove (%v)", d, err)
 		}
