@@ -339,7 +339,7 @@ func TestCheck(t *testing.T) {
 		t.Errorf("Check on a prepared engine: %+v, want available", a)
 	}
 	joined := strings.Join(a.Details, "\n")
-	for _, want := range []string{"engine: Docker", "runc", "November 2025", "image:", "seccomp profile: moat seccomp profile sha256:", "syscalls",
+	for _, want := range []string{"engine: Docker", "runc", "November 2025", "image:", "seccomp profile: moat seccomp profile sha256:", "syscall names",
 		"seccomp probe: in a container, socket(AF_VSOCK) EAFNOSUPPORT", "io_uring_setup EPERM", "uids: 2100065536-2100131071"} {
 		if !strings.Contains(joined, want) {
 			t.Errorf("Check's details lack %q:\n%s", want, joined)

@@ -44,7 +44,7 @@ func newProfile() (*profile, error) {
 }
 
 func (p *profile) String() string {
-	return fmt.Sprintf("moat seccomp profile %s: an allow-list of %d syscalls", p.digest[:19], p.allowed)
+	return fmt.Sprintf("moat seccomp profile %s: an allow-list of %d syscall names (those this architecture lacks are skipped)", p.digest[:19], p.allowed)
 }
 
 // file writes the profile to a file of this user's own and returns its
