@@ -22,7 +22,8 @@ type engine struct {
 	host         string
 	version      string // the engine's version
 	apiVersion   string // the API version negotiated
-	seccomp      bool
+	seccomp      bool   // the engine applies seccomp profiles
+	seccompDef   string // the engine's default profile ("builtin", "default", a path, "unconfined")
 	runtimes     []string
 	runtime      string // the runtime runs will use
 	runtimePath  string
@@ -56,7 +57,7 @@ func probe(ctx context.Context, cli *client.Client, cfg Config) (*engine, error)
 		return nil, unavailable("the Docker engine does not say what it is", "check dockerd's log", err)
 	}
 	e.version = info.ServerVersion
-	e.seccomp = seccompConfined(info.SecurityOptions)
+	e.seccomp, e.seccompDef = seccompSupport(info.SecurityOptions)
 	for name := range info.Runtimes {
 		e.runtimes = append(e.runtimes, name)
 	}
@@ -96,12 +97,13 @@ func probe(ctx context.Context, cli *client.Client, cfg Config) (*engine, error)
 	return e, nil
 }
 
-// seccompConfined reports whether the engine's security options (e.g.
-// "name=seccomp,profile=builtin") say that it applies a seccomp profile to
-// the containers that name none, as moat's do. A daemon started with
-// --seccomp-profile=unconfined lists seccomp too, with that profile: its
-// containers run without a filter, so it does not count.
-func seccompConfined(opts []string) bool {
+// seccompSupport reports whether the engine's security options (e.g.
+// "name=seccomp,profile=builtin") say that it applies seccomp profiles, and
+// which profile it gives the containers that name none. moat's containers
+// all name moat's own, so the engine's default does not matter, even
+// "unconfined"; whether the engine really applies moat's is what the
+// probe (probeSeccomp) checks.
+func seccompSupport(opts []string) (supported bool, defaultProfile string) {
 	for _, o := range opts {
 		fields := map[string]string{}
 		for _, kv := range strings.Split(o, ",") {
@@ -109,10 +111,10 @@ func seccompConfined(opts []string) bool {
 			fields[k] = v
 		}
 		if fields["name"] == "seccomp" {
-			return fields["profile"] != "unconfined"
+			return true, fields["profile"]
 		}
 	}
-	return false
+	return false, ""
 }
 
 func firstNonEmpty(s ...string) string {
@@ -227,10 +229,14 @@ func Check(ctx context.Context, cfg Config) moat.Availability {
 		a.Details = append(a.Details, fmt.Sprintf("the engine's own runc: %s: %s (moat does not use it)", firstNonEmpty(e.defaultRunc, "?"), fix(e.defaultRunc)))
 	}
 	if e.seccomp {
-		a.Details = append(a.Details, "seccomp: the engine applies a profile to every container")
+		a.Details = append(a.Details, fmt.Sprintf("seccomp: the engine applies profiles (its default: %s, which moat does not use)", firstNonEmpty(e.seccompDef, "?")))
 	} else {
-		a.Details = append(a.Details, "seccomp: MISSING in the engine, or containers run unconfined")
+		a.Details = append(a.Details, "seccomp: MISSING in the engine")
 	}
+	if prof, err := newProfile(); err == nil {
+		a.Details = append(a.Details, fmt.Sprintf("seccomp profile: %s, passed with every container (%s)", prof, prof.digest))
+	}
+	a.Details = append(a.Details, fmt.Sprintf("uids: %d-%d, one per container, leased in %s", cfg.UIDFirst, cfg.UIDFirst+cfg.UIDCount-1, uidLockDir()))
 	st := image.GetStatus(ctx, image.Config{})
 	if st.Exists {
 		a.Details = append(a.Details, fmt.Sprintf("rootfs: %s, built %s ago (%s), %.1f MiB", st.Path, st.Age, st.BuiltAt.Format(time.RFC3339), float64(st.Size)/(1<<20)))
@@ -248,6 +254,16 @@ func Check(ctx context.Context, cfg Config) moat.Availability {
 		a.Reason, a.Remedy = u.Reason, u.Remedy
 		return a
 	}
+	// The probe, fresh: a container made like every run's must refuse what
+	// moat's profile refuses.
+	r, err := probeOnce(ctx, cfg, cli, e)
+	if err != nil {
+		u := moat.Unavailable(moat.LevelContainer, err)
+		a.Reason, a.Remedy = u.Reason, u.Remedy
+		a.Details = append(a.Details, "seccomp probe: FAILED: "+u.Reason)
+		return a
+	}
+	a.Details = append(a.Details, fmt.Sprintf("seccomp probe: in a container, %s; its init ran under %d filter(s)", r, r.filters))
 	a.Available = true
 	if os.Geteuid() != 0 {
 		a.Reason = "moat is not root: the CPU time of a whole process tree is not watched and the pids, filesize and disk reasons are not reported"
@@ -258,15 +274,24 @@ func Check(ctx context.Context, cfg Config) moat.Availability {
 	return a
 }
 
+// probeOnce runs the seccomp probe in a Sandbox that is never started.
+func probeOnce(ctx context.Context, cfg Config, cli *client.Client, e *engine) (*probeResult, error) {
+	s, err := assemble(cfg, cli, e, nil)
+	if err != nil {
+		return nil, err
+	}
+	return s.probeSeccomp(ctx)
+}
+
 // refusal returns the unavailable error that keeps a Sandbox with cfg from
-// running on this engine, or nil: no seccomp (or containers unconfined), a
+// running on this engine, or nil: no seccomp support, a
 // runc without the November 2025 fixes that the operator did not allow, or
 // no image. New, CLIArgs and Check refuse alike.
 func (e *engine) refusal(cfg Config) error {
 	switch {
 	case !e.seccomp:
-		return unavailable("the Docker engine applies no seccomp profile (it has no seccomp support, or runs containers unconfined)",
-			"use a dockerd built with seccomp (Debian's docker.io is), without --seccomp-profile=unconfined", nil)
+		return unavailable("the Docker engine has no seccomp support, so it cannot apply moat's seccomp profile",
+			"use a dockerd built with seccomp (Debian's docker.io is)", nil)
 	case !e.runtimeFixed && !cfg.AllowVulnerableRuntime:
 		return unavailable(fmt.Sprintf("runtime %q is %s, older than the fixes for the November 2025 container escapes", e.runtime, e.runtimeVersionText()),
 			"run scripts/setup-docker.sh (as root) to build and register runc-moat, or set AllowVulnerableRuntime", nil)

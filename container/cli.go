@@ -7,20 +7,37 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"slices"
 	"sync"
 	"time"
+
+	"github.com/moatsandbox/moat/internal/uidpool"
 )
 
 // CLIArgs returns the arguments of `docker` that run the same hardened
-// container as s does for each run (same image, runtime, limits, mounts,
-// user, labels and command), through `docker run --rm -i`. The bench uses it
+// container as s does for each run (same image, runtime, seccomp profile,
+// limits, mounts, labels and command), through `docker run --rm -i`, with
+// the first uid of the range standing for the run's own. The bench uses it
 // to set moat's Engine API path against the docker CLI's.
-func (s *Sandbox) CLIArgs() []string { return s.spec.cliArgs() }
+func (s *Sandbox) CLIArgs() ([]string, error) {
+	path, err := s.spec.seccomp.file()
+	if err != nil {
+		return nil, err
+	}
+	return s.spec.cliArgs(s.uidFirst, path), nil
+}
 
-// CLIArgs returns the `docker` arguments of a run with cfg, resolved against
-// the engine the way New does (runtime, image), without removing anything.
-func CLIArgs(ctx context.Context, cfg Config) ([]string, error) {
+// A cliPlan is how the docker CLI runs with a Config: the spec, the
+// profile's file, and the uids to lease one from per run.
+type cliPlan struct {
+	spec        *spec
+	profilePath string
+	uids        *uidpool.Pool
+	uidFirst    int
+}
+
+// newCLIPlan resolves cfg against the engine the way New does (runtime,
+// image), without removing anything or running the seccomp probe.
+func newCLIPlan(ctx context.Context, cfg Config) (*cliPlan, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
@@ -41,38 +58,70 @@ func CLIArgs(ctx context.Context, cfg Config) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("container: %w", err)
 	}
-	return newSpec(cfg, eng.runtime, owner).cliArgs(), nil
+	prof, err := newProfile()
+	if err != nil {
+		return nil, err
+	}
+	path, err := prof.file()
+	if err != nil {
+		return nil, err
+	}
+	uids, err := uidpool.New(cfg.UIDFirst, cfg.UIDCount, uidLockDir())
+	if err != nil {
+		return nil, unavailable("cannot set up the uid pool", "", err)
+	}
+	return &cliPlan{spec: newSpec(cfg, eng.runtime, owner, prof), profilePath: path, uids: uids, uidFirst: cfg.UIDFirst}, nil
 }
 
-// cliArgsCache keeps the resolved arguments per Config, so that CLIRun times
-// the docker CLI alone after its first call.
-var cliArgsCache sync.Map // string (the Config as JSON) -> []string
+// CLIArgs returns the `docker` arguments of a run with cfg, resolved against
+// the engine the way New does (runtime, image), without removing anything,
+// with the first uid of the range standing for the run's own.
+func CLIArgs(ctx context.Context, cfg Config) ([]string, error) {
+	p, err := newCLIPlan(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return p.spec.cliArgs(p.uidFirst, p.profilePath), nil
+}
+
+// cliPlans keeps the resolved plan per Config, so that CLIRun times the
+// docker CLI alone after its first call.
+var cliPlans sync.Map // string (the Config as JSON) -> *cliPlan
 
 // CLIRun runs print(1) through the docker CLI (`docker run --rm -i` with
-// the flags of CLIArgs, the code on stdin) and checks that it printed 1. It
-// is the bench's docker-cli row: the same hardened run as the container
-// level's, through the CLI instead of the Engine API. The first call for a
-// Config asks the engine how to run; later calls only run the CLI.
+// the flags of CLIArgs, a uid of its own leased for the run, the code on
+// stdin) and checks that it printed 1. It is the bench's docker-cli row:
+// the same hardened run as the container level's, through the CLI instead
+// of the Engine API (without the level's seccomp probe and host-side
+// checks). The first call for a Config asks the engine how to run; later
+// calls only run the CLI.
 func CLIRun(ctx context.Context, cfg Config) error {
 	key, err := json.Marshal(cfg)
 	if err != nil {
 		return fmt.Errorf("container: %w", err)
 	}
-	var args []string
-	if v, ok := cliArgsCache.Load(string(key)); ok {
-		args = v.([]string)
+	var p *cliPlan
+	if v, ok := cliPlans.Load(string(key)); ok {
+		p = v.(*cliPlan)
 	} else {
-		if args, err = CLIArgs(ctx, cfg); err != nil {
+		if p, err = newCLIPlan(ctx, cfg); err != nil {
 			return err
 		}
-		cliArgsCache.Store(string(key), args)
+		cliPlans.Store(string(key), p)
 	}
 	docker, err := exec.LookPath("docker")
 	if err != nil {
 		return unavailable("the docker CLI is not installed", "apt-get install docker.io", err)
 	}
+	lease, err := p.uids.Acquire()
+	if err != nil {
+		return fmt.Errorf("container: a uid for the run: %w", err)
+	}
+	// The container has exited when the CLI returns: no process of it runs
+	// as the uid any more.
+	defer lease.Release()
 	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, docker, slices.Clone(args)...)
+	cmd := exec.CommandContext(ctx, docker, p.spec.cliArgs(lease.UID, p.profilePath)...)
 	cmd.Env = os.Environ() // the CLI needs DOCKER_HOST, HOME for its config
 	cmd.Stdin = bytes.NewReader([]byte("print(1)\n"))
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

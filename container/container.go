@@ -10,16 +10,28 @@
 //     /dev/shm are tmpfs mounts (nosuid, nodev, noexec, inode-limited) whose
 //     sizes add up to Limits.Disk, so the disk limit covers every writable
 //     place;
-//   - all capabilities dropped, no-new-privileges, the non-root user
-//     65534:65534 (nobody);
+//   - all capabilities dropped, no-new-privileges, and a uid and gid of the
+//     container's own (Config.UIDFirst, UIDCount), leased from before the
+//     container is created until it is removed (see internal/uidpool), so
+//     that no two live containers share the per-uid limits of the kernel
+//     (inotify instances, message queue bytes, pipe pages); the writable
+//     mounts belong to that uid;
 //   - a pids limit (Limits.Pids), a memory limit with swap equal to it
 //     (Limits.Memory), a CPU quota (Config.CPUs), the nofile, fsize, core
 //     and cpu rlimits; the CPU time of the whole tree is watched from the
 //     host against Limits.CPUTime;
-//   - the engine's seccomp profile, Docker's default unless the operator
-//     set another (New fails when the engine has no seccomp or runs its
-//     containers unconfined), and Docker's default masked and read-only
-//     /proc paths;
+//   - moat's own seccomp profile (internal/seccomp's Docker), never the
+//     engine's default: an allow-list made from Moby's default less what
+//     moat's subprocess filter refuses and more (io_uring, every socket
+//     family but AF_UNIX, so no AF_VSOCK, whose ports are not namespaced;
+//     ptrace, userfaultfd, memfd_secret, keyrings, bpf, perf_event_open,
+//     the mount family, namespaces, clone3; only the native syscall
+//     convention). It is checked twice from the host: New runs a probe
+//     container and fails unless the probe's calls are refused in it
+//     (once per process, engine, image and profile; Check always), and
+//     every run's init must run under as many seccomp filters as the
+//     probe's did (/proc/PID/status) before its code is written. Docker's
+//     default masked and read-only /proc paths stay;
 //   - private IPC, PID, UTS and cgroup namespaces; no host mounts of any
 //     kind, no Docker socket, no docker-init from the host;
 //   - the log driver "none": the output reaches moat and nothing else, never
@@ -62,6 +74,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -77,6 +90,14 @@ import (
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/image"
 	"github.com/moatsandbox/moat/internal/capture"
+	"github.com/moatsandbox/moat/internal/uidpool"
+)
+
+// The default uid range of Config: the 65536 uids past the subprocess
+// level's default range (2100000000+65536).
+const (
+	DefaultUIDFirst = 2100065536
+	DefaultUIDCount = 65536
 )
 
 // FixedRuntime is the name under which scripts/setup-docker.sh registers a
@@ -102,9 +123,14 @@ type Config struct {
 	// Python is the interpreter's path in the image. Zero means
 	// /usr/bin/python3.
 	Python string `json:"python,omitempty"`
-	// User is the uid:gid the code runs as. Zero means 65534:65534
-	// (nobody). It must not be root.
-	User string `json:"user,omitempty"`
+	// UIDFirst and UIDCount are the range of uids (and gids of the same
+	// number) given to containers, one per container at a time, so that
+	// per-uid kernel limits (inotify instances, message queue bytes, pipe
+	// pages) are not shared between runs. Zero means 2100065536 and 65536,
+	// just past the subprocess level's default range. The first must be
+	// 1000 or more; no user of the host should own a uid in the range.
+	UIDFirst int `json:"uid_first,omitempty"`
+	UIDCount int `json:"uid_count,omitempty"`
 	// CPUs is the CPU quota, in CPUs. Zero means 1.
 	CPUs float64 `json:"cpus,omitempty"`
 	// Warm is how many containers the sandbox keeps created and attached
@@ -128,8 +154,17 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Python == "" {
 		c.Python = image.Python
 	}
-	if c.User == "" {
-		c.User = "65534:65534"
+	if c.UIDFirst < 0 || c.UIDCount < 0 || (c.UIDFirst != 0 && c.UIDFirst < 1000) {
+		return c, fmt.Errorf("container: uid range %d+%d must lie above the system's users: %w", c.UIDFirst, c.UIDCount, moat.ErrInvalid)
+	}
+	if c.UIDFirst == 0 {
+		c.UIDFirst = DefaultUIDFirst
+	}
+	if c.UIDCount == 0 {
+		c.UIDCount = DefaultUIDCount
+	}
+	if int64(c.UIDFirst)+int64(c.UIDCount) > 1<<31-1 {
+		return c, fmt.Errorf("container: uid range %d+%d passes 2^31-2: %w", c.UIDFirst, c.UIDCount, moat.ErrInvalid)
 	}
 	if c.CPUs == 0 {
 		c.CPUs = 1
@@ -140,16 +175,6 @@ func (c Config) withDefaults() (Config, error) {
 	c.Warm = max(c.Warm, 0)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
-	}
-	uid, gid, _ := strings.Cut(c.User, ":")
-	for _, id := range []string{uid, gid} {
-		if id == "" && gid == "" {
-			continue
-		}
-		n, err := strconv.Atoi(id)
-		if err != nil || n <= 0 {
-			return c, fmt.Errorf("container: user %q must be a numeric uid:gid other than root: %w", c.User, moat.ErrInvalid)
-		}
 	}
 	if c.CPUs < 0.01 {
 		return c, fmt.Errorf("container: cpus %v is below 0.01: %w", c.CPUs, moat.ErrInvalid)
@@ -171,6 +196,16 @@ type Sandbox struct {
 	// watched says that moat is root and watches every run from the host
 	// (see watch): a run that cannot be watched then fails.
 	watched bool
+	// uids leases each container its own uid, held from its creation to
+	// its removal.
+	uids     *uidpool.Pool
+	uidFirst int // the range's first uid
+	// filters is the number of seccomp filters the probe's container ran
+	// under (see probeSeccomp); every run's init must show as many. Set
+	// before the first run, never changed after.
+	filters int
+	// probe is what the seccomp probe found (for Check).
+	probe *probeResult
 
 	// The pool of prepared containers: fill keeps it full, one container
 	// per token in refill, until quit closes; then it closes fillDone.
@@ -222,33 +257,77 @@ func New(cfg Config) (*Sandbox, error) {
 	if !eng.runtimeFixed {
 		notes = append(notes, fmt.Sprintf("runtime %s is %s, older than the fixes for the November 2025 container escapes (allowed by the operator)", eng.runtime, eng.runtimeVersionText()))
 	}
-	owner, err := ownerLabels()
-	if err != nil {
-		return nil, fmt.Errorf("container: %w", err)
-	}
 	if removed, err := reap(ctx, cli, cfg.Logger); err != nil {
 		cfg.Logger.Warn("container: removing containers of dead moat processes", "err", err)
 	} else if len(removed) > 0 {
 		cfg.Logger.Info("container: removed containers of dead moat processes", "ids", removed)
 	}
-	ok = true
-	s := &Sandbox{
-		cli:      cli,
-		kmsg:     kernelLog(),
-		spec:     newSpec(cfg, eng.runtime, owner),
-		log:      cfg.Logger,
-		notes:    notes,
-		watched:  os.Geteuid() == 0,
-		pool:     make(chan *prepared, cfg.Warm),
-		refill:   make(chan struct{}, cfg.Warm),
-		quit:     make(chan struct{}),
-		fillDone: make(chan struct{}),
+	s, err := assemble(cfg, cli, eng, notes)
+	if err != nil {
+		return nil, err
 	}
+	// The probe runs once per engine, image and profile in this process;
+	// every run still checks its own init's filter.
+	key := probeKey(eng, cfg.Image, s.spec.seccomp)
+	if v, ok := probed.Load(key); ok {
+		s.probe = v.(*probeResult)
+	} else {
+		r, err := s.probeSeccomp(ctx)
+		if err != nil {
+			return nil, err
+		}
+		probed.Store(key, r)
+		s.probe = r
+	}
+	s.filters = s.probe.filters
+	ok = true
 	for range cfg.Warm {
 		s.refill <- struct{}{}
 	}
 	go s.fill()
 	return s, nil
+}
+
+// assemble makes the Sandbox for cfg on engine eng, with no container yet
+// and its pool not started: New starts it, Check only probes.
+func assemble(cfg Config, cli *client.Client, eng *engine, notes []string) (*Sandbox, error) {
+	owner, err := ownerLabels()
+	if err != nil {
+		return nil, fmt.Errorf("container: %w", err)
+	}
+	prof, err := newProfile()
+	if err != nil {
+		return nil, err
+	}
+	uids, err := uidpool.New(cfg.UIDFirst, cfg.UIDCount, uidLockDir())
+	if err != nil {
+		return nil, unavailable("cannot set up the uid pool", "", err)
+	}
+	return &Sandbox{
+		cli:      cli,
+		kmsg:     kernelLog(),
+		spec:     newSpec(cfg, eng.runtime, owner, prof),
+		log:      cfg.Logger,
+		notes:    notes,
+		watched:  os.Geteuid() == 0,
+		uids:     uids,
+		uidFirst: cfg.UIDFirst,
+		pool:     make(chan *prepared, cfg.Warm),
+		refill:   make(chan struct{}, cfg.Warm),
+		quit:     make(chan struct{}),
+		fillDone: make(chan struct{}),
+	}, nil
+}
+
+// uidLockDir is where the uid leases are locked: as root, the directory
+// the subprocess level uses by default, so that overlapping ranges of the
+// two levels still never hand out one uid twice; otherwise one of this
+// user's own.
+func uidLockDir() string {
+	if os.Geteuid() == 0 {
+		return "/run/moat/uids"
+	}
+	return filepath.Join(os.TempDir(), fmt.Sprintf("moat-%d", os.Geteuid()), "uids")
 }
 
 func newClient() (*client.Client, error) {
@@ -341,6 +420,10 @@ func (s *Sandbox) run(ctx context.Context, p *prepared, req moat.Request) (*moat
 	if err := s.cli.ContainerStart(rctx, id, container.StartOptions{}); err != nil {
 		return s.setupFailed(ctx, "start", err)
 	}
+	pid, err := s.initPid(rctx, id)
+	if err != nil {
+		return s.setupFailed(ctx, "start", err)
+	}
 
 	var (
 		killOnce sync.Once
@@ -367,7 +450,7 @@ func (s *Sandbox) run(ctx context.Context, p *prepared, req moat.Request) (*moat
 	var w *watch
 	if s.watched {
 		var err error
-		if w, err = s.startWatch(rctx, id, func() { kill(moat.ReasonTimeout) }); err != nil {
+		if w, err = s.startWatch(id, pid, func() { kill(moat.ReasonTimeout) }); err != nil {
 			// No code runs unwatched (the tree's CPU time would go
 			// unbounded): nothing has run yet, and discard removes the
 			// container.
@@ -375,6 +458,20 @@ func (s *Sandbox) run(ctx context.Context, p *prepared, req moat.Request) (*moat
 		}
 		defer w.close()
 	}
+	// No code runs without moat's seccomp filter: the init must run under
+	// as many filters as the probe's container did, which the probe showed
+	// to be moat's.
+	n, err := initSeccomp(pid)
+	if err == nil && s.filters != 0 && n != s.filters {
+		err = fmt.Errorf("container: the run's init runs under %d seccomp filters, the probe's under %d", n, s.filters)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, unavailable("a container would run without moat's seccomp filter", "check dockerd and the runtime", err)
+	}
+	p.filters = n
 
 	// The code goes in on stdin; its end closes stdin.
 	go func() {
@@ -483,20 +580,24 @@ func (s *Sandbox) setupFailed(ctx context.Context, step string, err error) (*moa
 	return nil, fmt.Errorf("container: %s: %w", step, err)
 }
 
-// startWatch finds the container's init, from its cgroup or else from the
-// engine, and starts watching it.
-func (s *Sandbox) startWatch(ctx context.Context, id string, onCPU func()) (*watch, error) {
-	pid := findInit(id)
-	if pid == 0 {
-		ins, err := s.cli.ContainerInspect(ctx, id)
-		if err != nil {
-			return nil, err
-		}
-		if ins.State == nil || ins.State.Pid == 0 {
-			return nil, errors.New("container: the run ended before it could be watched")
-		}
-		pid = ins.State.Pid
+// initPid finds the host pid of the container's init, from its cgroup or
+// else from the engine.
+func (s *Sandbox) initPid(ctx context.Context, id string) (int, error) {
+	if pid := findInit(id); pid != 0 {
+		return pid, nil
 	}
+	ins, err := s.cli.ContainerInspect(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	if ins.State == nil || ins.State.Pid == 0 {
+		return 0, errors.New("container: the run ended before it could be watched")
+	}
+	return ins.State.Pid, nil
+}
+
+// startWatch starts watching the container whose init is pid.
+func (s *Sandbox) startWatch(id string, pid int, onCPU func()) (*watch, error) {
 	paths := make([]string, len(s.spec.mounts))
 	for i, m := range s.spec.mounts {
 		paths[i] = m.path
@@ -504,14 +605,17 @@ func (s *Sandbox) startWatch(ctx context.Context, id string, onCPU func()) (*wat
 	return startWatch(id, pid, paths, time.Duration(s.spec.limits.CPUTime), onCPU)
 }
 
-// remove removes the container, killing it first if it still runs.
-func (s *Sandbox) remove(id string) {
+// remove removes the container, killing it first if it still runs, and
+// reports whether it is gone.
+func (s *Sandbox) remove(id string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), removeTimeout)
 	defer cancel()
 	err := s.cli.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true})
 	if err != nil && !cerrdefs.IsNotFound(err) {
 		s.log.Warn("container: remove", "id", shortID(id), "err", err)
+		return false
 	}
+	return true
 }
 
 func shortID(id string) string {

@@ -188,7 +188,7 @@ print(json.dumps(r))
 	check(r.NNP == "1", "no-new-privileges", r.NNP)
 	check(r.Seccomp == "2", "a seccomp filter", r.Seccomp)
 	check(len(r.Nets) == 1 && r.Nets[0] == "lo", "no network interface but lo", r.Nets)
-	check(r.Connect == float64(syscall.ENETUNREACH), "connect fails with ENETUNREACH", r.Connect)
+	check(r.Connect == float64(syscall.EAFNOSUPPORT), "no AF_INET socket at all (EAFNOSUPPORT)", r.Connect)
 	check(r.Rootfs == float64(syscall.EROFS), "a read-only root filesystem", r.Rootfs)
 	var total float64
 	for _, m := range []string{"/work", "/tmp", "/dev/shm"} {
@@ -311,9 +311,13 @@ func ownedBy(t *testing.T, ctx context.Context, pid int) []summary {
 func TestCLIRun(t *testing.T) {
 	needEngine(t)
 	sb := factory(t, moat.Limits{}).(*moatcontainer.Sandbox)
-	args := strings.Join(sb.CLIArgs(), " ")
+	cliArgs, err := sb.CLIArgs()
 	sb.Close()
-	for _, want := range []string{"--network=none", "--read-only", "--cap-drop=ALL", "no-new-privileges", "--pids-limit=", "--log-driver=none", "--runtime="} {
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := strings.Join(cliArgs, " ")
+	for _, want := range []string{"--network=none", "--read-only", "--cap-drop=ALL", "no-new-privileges", "--security-opt=seccomp=/", "--pids-limit=", "--log-driver=none", "--runtime="} {
 		if !strings.Contains(args, want) {
 			t.Errorf("CLIArgs lacks %s: %s", want, args)
 		}
@@ -335,7 +339,8 @@ func TestCheck(t *testing.T) {
 		t.Errorf("Check on a prepared engine: %+v, want available", a)
 	}
 	joined := strings.Join(a.Details, "\n")
-	for _, want := range []string{"engine: Docker", "runc", "November 2025", "image:"} {
+	for _, want := range []string{"engine: Docker", "runc", "November 2025", "image:", "seccomp profile: moat seccomp profile sha256:", "syscall names",
+		"seccomp probe: in a container, socket(AF_VSOCK) EAFNOSUPPORT", "io_uring_setup EPERM", "uids: 2100065536-2100131071"} {
 		if !strings.Contains(joined, want) {
 			t.Errorf("Check's details lack %q:\n%s", want, joined)
 		}

@@ -8,19 +8,25 @@ import (
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types"
 	"github.com/docker/docker/api/types/container"
+
+	"github.com/moatsandbox/moat/internal/uidpool"
 )
 
 // A prepared container is created, waited for and attached to, but not
 // started: nothing has run in it. Preparing one takes the engine tens of
 // milliseconds (more when it is busy); a Sandbox keeps Config.Warm of them
 // ready so that a run only starts one. Each is used by one run at most.
+// Each holds the lease of its own uid from before its creation until it is
+// removed, whether it waits in the pool or runs.
 type prepared struct {
+	lease    *uidpool.Lease
 	id       string
 	hj       types.HijackedResponse
 	waitC    <-chan container.WaitResponse
 	waitErrC <-chan error
 	cancel   context.CancelFunc // ends the wait and the attach
 	waited   bool               // a run received from waitC or waitErrC
+	filters  int                // the seccomp filters its init ran under, once started
 }
 
 // createTimeout bounds the preparation of a container.
@@ -32,10 +38,18 @@ const createTimeout = time.Minute
 // container whose id moat would never learn. The caller owns the result and
 // must pass it to discard once done.
 func (s *Sandbox) prepare() (*prepared, error) {
+	lease, err := s.uids.Acquire()
+	if err != nil {
+		return nil, fmt.Errorf("container: a uid for the container: %w", err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), createTimeout)
 	defer cancel()
-	created, err := s.cli.ContainerCreate(ctx, s.spec.config(), s.spec.hostConfig(), nil, nil, "")
+	created, err := s.cli.ContainerCreate(ctx, s.spec.config(lease.UID), s.spec.hostConfig(lease.UID), nil, nil, "")
 	if err != nil {
+		// A create that failed in flight may still have made a container
+		// with this uid, but one that nobody starts: no process ever runs
+		// as the uid in it, so the uid is free again.
+		lease.Release()
 		if cerrdefs.IsNotFound(err) {
 			return nil, unavailable(fmt.Sprintf("image %s is not in the Docker engine", s.spec.image), "run 'moat image build'", err)
 		}
@@ -44,7 +58,7 @@ func (s *Sandbox) prepare() (*prepared, error) {
 	// The wait and the attach live as long as the container: their context
 	// is ended by discard.
 	lctx, lcancel := context.WithCancel(context.Background())
-	p := &prepared{id: created.ID, cancel: lcancel}
+	p := &prepared{lease: lease, id: created.ID, cancel: lcancel}
 	// Wait first, then attach: the wait is acknowledged before the container
 	// can exit, and the attach before it can write.
 	p.waitC, p.waitErrC = s.cli.ContainerWait(lctx, p.id, container.WaitConditionNextExit)
@@ -63,7 +77,9 @@ func (s *Sandbox) prepare() (*prepared, error) {
 }
 
 // discard releases p and removes its container, killing it first if it
-// runs.
+// runs; then its uid is free for another container. A container the engine
+// could not remove keeps its uid leased for the life of the Sandbox's
+// process.
 func (s *Sandbox) discard(p *prepared) {
 	if p.hj.Conn != nil {
 		p.hj.Close()
@@ -78,7 +94,9 @@ func (s *Sandbox) discard(p *prepared) {
 		case <-time.After(5 * time.Second):
 		}
 	}
-	s.remove(p.id)
+	if s.remove(p.id) {
+		p.lease.Release()
+	}
 }
 
 // take returns a prepared container: one from the pool when there is one

@@ -5,7 +5,6 @@ import (
 	"maps"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/docker/docker/api/types/container"
@@ -43,19 +42,32 @@ const (
 type spec struct {
 	image   string
 	runtime string
-	user    string
 	python  string
 	limits  moat.Limits
 	cpus    float64
 	labels  map[string]string
 	mounts  []tmpfs
+	seccomp *profile
 }
 
+// A tmpfs is one of a run's writable mounts. It belongs to the run's own
+// uid and gid (see user), which differ from run to run.
 type tmpfs struct {
 	path string
 	size int64
-	opts string // mount options, size and inodes included
+	mode string
 }
+
+// opts returns the mount options of m for a run as uid (and gid uid): size
+// and inodes limited, nothing executable, owned by the run.
+func (m tmpfs) opts(uid int) string {
+	inodes := max(m.size/inodeBytes, 64)
+	return fmt.Sprintf("rw,nosuid,nodev,noexec,size=%d,nr_inodes=%d,mode=%s,uid=%d,gid=%d", m.size, inodes, m.mode, uid, uid)
+}
+
+// user is the Config.User of a run as uid: the gid has the same number and
+// the run has no supplementary groups.
+func user(uid int) string { return strconv.Itoa(uid) + ":" + strconv.Itoa(uid) }
 
 // cmd is the container's command. A shell is PID 1 and Python its child:
 // the kernel ignores signals that a PID namespace's init sends itself, so
@@ -74,12 +86,12 @@ func (s *spec) env() []string {
 	}
 }
 
-func newSpec(cfg Config, runtime string, owner map[string]string) *spec {
+func newSpec(cfg Config, runtime string, owner map[string]string, prof *profile) *spec {
 	l := cfg.Limits.WithDefaults()
 	s := &spec{
 		image:   cfg.Image,
 		runtime: runtime,
-		user:    cfg.User,
+		seccomp: prof,
 		python:  cfg.Python,
 		limits:  l,
 		cpus:    cfg.CPUs,
@@ -92,19 +104,10 @@ func newSpec(cfg Config, runtime string, owner map[string]string) *spec {
 	shm := pageRound(disk / shmShare)
 	tmp := pageRound(disk / tmpShare)
 	work := pageRound(disk - shm - tmp)
-	uid, gid, _ := strings.Cut(s.user, ":")
-	if gid == "" {
-		gid = uid
-	}
-	mk := func(path string, size int64, mode string) tmpfs {
-		inodes := max(size/inodeBytes, 64)
-		return tmpfs{path: path, size: size, opts: fmt.Sprintf(
-			"rw,nosuid,nodev,noexec,size=%d,nr_inodes=%d,mode=%s,uid=%s,gid=%s", size, inodes, mode, uid, gid)}
-	}
 	s.mounts = []tmpfs{
-		mk(image.WorkDir, work, "0700"),
-		mk("/tmp", tmp, "1777"),
-		mk("/dev/shm", shm, "1777"),
+		{image.WorkDir, work, "0700"},
+		{"/tmp", tmp, "1777"},
+		{"/dev/shm", shm, "1777"},
 	}
 	return s
 }
@@ -117,14 +120,14 @@ func pageRound(n int64) int64 {
 	return n / page * page
 }
 
-// config is the container's configuration: the command, the user, the
-// environment, no network, stdin open for the code.
-func (s *spec) config() *container.Config {
+// config is the configuration of a container for a run as uid: the
+// command, the user, the environment, no network, stdin open for the code.
+func (s *spec) config(uid int) *container.Config {
 	return &container.Config{
 		Image:           s.image,
 		Cmd:             s.cmd(),
 		Env:             s.env(),
-		User:            s.user,
+		User:            user(uid),
 		WorkingDir:      image.WorkDir,
 		Hostname:        "sandbox",
 		Labels:          s.labels,
@@ -139,13 +142,14 @@ func (s *spec) config() *container.Config {
 	}
 }
 
-// hostConfig is every hardening item of the level; see the package doc.
-func (s *spec) hostConfig() *container.HostConfig {
+// hostConfig is every hardening item of the level for a run as uid; see
+// the package doc.
+func (s *spec) hostConfig(uid int) *container.HostConfig {
 	l := s.limits
 	pids := int64(l.Pids)
 	tmpfs := map[string]string{}
 	for _, m := range s.mounts {
-		tmpfs[m.path] = m.opts
+		tmpfs[m.path] = m.opts(uid)
 	}
 	return &container.HostConfig{
 		NetworkMode:    "none",
@@ -154,7 +158,7 @@ func (s *spec) hostConfig() *container.HostConfig {
 		IpcMode:        "private",
 		ShmSize:        s.mounts[2].size,
 		CapDrop:        []string{"ALL"},
-		SecurityOpt:    []string{"no-new-privileges:true"},
+		SecurityOpt:    []string{"no-new-privileges:true", "seccomp=" + s.seccomp.json}, // moat's allow-list, not the engine's default
 		Privileged:     false,
 		PidMode:        "",                                // a PID namespace of its own
 		UTSMode:        "",                                // a hostname of its own
@@ -191,17 +195,19 @@ func (s *spec) ulimits() []*units.Ulimit {
 	}
 }
 
-// cliArgs renders the spec as `docker run` flags, the image and the
-// command; the CLI's --rm stands for moat's explicit removal.
-func (s *spec) cliArgs() []string {
-	hc := s.hostConfig()
+// cliArgs renders the spec, for a run as uid, as `docker run` flags, the
+// image and the command; the CLI's --rm stands for moat's explicit removal.
+// The CLI reads the seccomp profile from profilePath (see profile.file).
+func (s *spec) cliArgs(uid int, profilePath string) []string {
+	hc := s.hostConfig(uid)
 	a := []string{"run", "--rm", "-i",
 		"--network=none", "--read-only",
 		"--ipc=private", "--shm-size=" + strconv.FormatInt(hc.ShmSize, 10),
 		"--cap-drop=ALL", "--security-opt=no-new-privileges:true",
+		"--security-opt=seccomp=" + profilePath,
 		"--cgroupns=private", "--log-driver=none",
 		"--oom-score-adj=1000",
-		"--user=" + s.user, "--workdir=" + image.WorkDir, "--hostname=sandbox",
+		"--user=" + user(uid), "--workdir=" + image.WorkDir, "--hostname=sandbox",
 		"--memory=" + strconv.FormatInt(hc.Memory, 10),
 		"--memory-swap=" + strconv.FormatInt(hc.MemorySwap, 10),
 		"--pids-limit=" + strconv.FormatInt(*hc.PidsLimit, 10),
@@ -211,7 +217,7 @@ func (s *spec) cliArgs() []string {
 		a = append(a, "--runtime="+s.runtime)
 	}
 	for _, m := range s.mounts {
-		a = append(a, "--tmpfs="+m.path+":"+m.opts)
+		a = append(a, "--tmpfs="+m.path+":"+m.opts(uid))
 	}
 	for _, u := range hc.Ulimits {
 		a = append(a, fmt.Sprintf("--ulimit=%s=%d:%d", u.Name, u.Soft, u.Hard))

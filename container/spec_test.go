@@ -1,8 +1,10 @@
 package container
 
 import (
+	"encoding/json"
 	"errors"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
@@ -30,22 +32,24 @@ func TestRuncFixed(t *testing.T) {
 	}
 }
 
-// TestSeccompConfined checks that an engine counts as applying seccomp only
-// when it lists seccomp with a profile other than "unconfined".
-func TestSeccompConfined(t *testing.T) {
+// TestSeccompSupport checks that an engine counts as applying seccomp
+// profiles when it lists seccomp, whatever its default profile (moat
+// passes its own).
+func TestSeccompSupport(t *testing.T) {
 	for _, tc := range []struct {
 		opts []string
 		want bool
+		def  string
 	}{
-		{[]string{"name=apparmor", "name=seccomp,profile=default", "name=cgroupns"}, true},
-		{[]string{"name=seccomp,profile=builtin"}, true},
-		{[]string{"name=seccomp,profile=/etc/docker/seccomp.json"}, true},
-		{[]string{"name=seccomp,profile=unconfined"}, false},
-		{[]string{"name=apparmor", "name=rootless"}, false},
-		{nil, false},
+		{[]string{"name=apparmor", "name=seccomp,profile=default", "name=cgroupns"}, true, "default"},
+		{[]string{"name=seccomp,profile=builtin"}, true, "builtin"},
+		{[]string{"name=seccomp,profile=/etc/docker/seccomp.json"}, true, "/etc/docker/seccomp.json"},
+		{[]string{"name=seccomp,profile=unconfined"}, true, "unconfined"},
+		{[]string{"name=apparmor", "name=rootless"}, false, ""},
+		{nil, false, ""},
 	} {
-		if got := seccompConfined(tc.opts); got != tc.want {
-			t.Errorf("seccompConfined(%q) = %v, want %v", tc.opts, got, tc.want)
+		if got, def := seccompSupport(tc.opts); got != tc.want || def != tc.def {
+			t.Errorf("seccompSupport(%q) = %v, %q; want %v, %q", tc.opts, got, def, tc.want, tc.def)
 		}
 	}
 }
@@ -57,8 +61,13 @@ func TestHostConfigHardening(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sp := newSpec(cfg, "runc-moat", map[string]string{LabelOwner: "42"})
-	hc, cc := sp.hostConfig(), sp.config()
+	prof, err := newProfile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const uid = 2100065599
+	sp := newSpec(cfg, "runc-moat", map[string]string{LabelOwner: "42"}, prof)
+	hc, cc := sp.hostConfig(uid), sp.config(uid)
 	check := func(ok bool, what string, got any) {
 		t.Helper()
 		if !ok {
@@ -68,9 +77,18 @@ func TestHostConfigHardening(t *testing.T) {
 	check(hc.NetworkMode == "none" && cc.NetworkDisabled, "no network", hc.NetworkMode)
 	check(hc.ReadonlyRootfs, "read-only root", hc.ReadonlyRootfs)
 	check(len(hc.CapDrop) == 1 && hc.CapDrop[0] == "ALL" && len(hc.CapAdd) == 0, "all capabilities dropped", hc.CapDrop)
-	check(len(hc.SecurityOpt) == 1 && hc.SecurityOpt[0] == "no-new-privileges:true", "no-new-privileges and no seccomp override", hc.SecurityOpt)
+	check(len(hc.SecurityOpt) == 2 && hc.SecurityOpt[0] == "no-new-privileges:true" && hc.SecurityOpt[1] == "seccomp="+prof.json,
+		"no-new-privileges and moat's seccomp profile", hc.SecurityOpt)
+	var sent struct {
+		DefaultAction string
+		Syscalls      []struct{ Names []string }
+	}
+	if err := json.Unmarshal([]byte(strings.TrimPrefix(hc.SecurityOpt[1], "seccomp=")), &sent); err != nil {
+		t.Fatal(err)
+	}
+	check(sent.DefaultAction == "SCMP_ACT_ERRNO", "an allow-list profile", sent.DefaultAction)
 	check(!hc.Privileged, "not privileged", hc.Privileged)
-	check(cc.User == "65534:65534", "a non-root user", cc.User)
+	check(cc.User == "2100065599:2100065599", "the run's own uid and gid", cc.User)
 	check(hc.PidsLimit != nil && *hc.PidsLimit == 32, "pids limit", hc.PidsLimit)
 	check(hc.Memory == int64(128*moat.MiB) && hc.MemorySwap == hc.Memory, "memory with swap equal", []int64{hc.Memory, hc.MemorySwap})
 	check(hc.NanoCPUs == 1e9, "a CPU quota", hc.NanoCPUs)
@@ -85,6 +103,7 @@ func TestHostConfigHardening(t *testing.T) {
 	for _, m := range []string{"/work", "/tmp", "/dev/shm"} {
 		opts, ok := hc.Tmpfs[m]
 		check(ok && strings.Contains(opts, "noexec") && strings.Contains(opts, "nosuid") && strings.Contains(opts, "nr_inodes="), m+" a noexec, nosuid, inode-limited tmpfs", opts)
+		check(strings.Contains(opts, ",uid=2100065599,gid=2100065599"), m+" owned by the run's uid", opts)
 		for _, o := range strings.Split(opts, ",") {
 			if v, ok := strings.CutPrefix(o, "size="); ok {
 				n, _ := strconv.ParseInt(v, 10, 64)
@@ -104,9 +123,10 @@ func TestHostConfigHardening(t *testing.T) {
 	check(ul["cpu"][0] == 10, "cpu", ul["cpu"])
 
 	// The CLI runs the same thing.
-	args := strings.Join(sp.cliArgs(), " ")
+	args := strings.Join(sp.cliArgs(uid, "/p.json"), " ")
 	for _, want := range []string{"--network=none", "--read-only", "--cap-drop=ALL", "--security-opt=no-new-privileges:true",
-		"--pids-limit=32", "--memory-swap=134217728", "--runtime=runc-moat", "--log-driver=none", "--user=65534:65534",
+		"--security-opt=seccomp=/p.json",
+		"--pids-limit=32", "--memory-swap=134217728", "--runtime=runc-moat", "--log-driver=none", "--user=2100065599:2100065599",
 		"--tmpfs=/work:", "--ulimit=fsize=8388608:8388608", "--label=moat.owner=42", " img /bin/sh -c"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("the CLI arguments lack %q: %s", want, args)
@@ -116,7 +136,7 @@ func TestHostConfigHardening(t *testing.T) {
 
 func TestConfigValidation(t *testing.T) {
 	for _, c := range []Config{
-		{User: "0:0"}, {User: "root"}, {User: "65534:x"}, {CPUs: 0.001},
+		{UIDFirst: 999}, {UIDFirst: -1}, {UIDCount: -1}, {UIDFirst: 1<<31 - 10, UIDCount: 100}, {CPUs: 0.001},
 		{Python: "python3"}, {Python: "/usr/bin/python3; rm -rf /"},
 		{Limits: moat.Limits{Memory: 1}},
 	} {
@@ -125,7 +145,7 @@ func TestConfigValidation(t *testing.T) {
 		}
 	}
 	c, err := Config{}.withDefaults()
-	if err != nil || c.User != "65534:65534" || c.CPUs != 1 || c.Warm != 1 || c.Python != "/usr/bin/python3" || !strings.HasPrefix(c.Image, "moat-sandbox:") {
+	if err != nil || c.UIDFirst != 2100065536 || c.UIDCount != 65536 || c.CPUs != 1 || c.Warm != 1 || c.Python != "/usr/bin/python3" || !strings.HasPrefix(c.Image, "moat-sandbox:") {
 		t.Errorf("the zero Config: %+v, %v", c, err)
 	}
 	if c, _ := (Config{Warm: -1}).withDefaults(); c.Warm != 0 {
@@ -189,5 +209,25 @@ func TestKernelLogParsing(t *testing.T) {
 	var nilReader *kmsgReader
 	if nilReader.forkRefused(id) {
 		t.Error("a nil reader (no /dev/kmsg) reports a refusal")
+	}
+}
+
+// TestInitSeccompFailsClosed checks the per-run check on a process that
+// runs without a seccomp filter (a child of the test, on the host): it must
+// be refused, and a process that is gone too.
+func TestInitSeccompFailsClosed(t *testing.T) {
+	cmd := exec.Command("/bin/sleep", "30")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer cmd.Process.Kill()
+	if n, err := initSeccomp(cmd.Process.Pid); err == nil {
+		t.Errorf("initSeccomp of an unfiltered process: %d filters, no error", n)
+	} else if !strings.Contains(err.Error(), "without a seccomp filter") {
+		t.Errorf("initSeccomp of an unfiltered process: %v", err)
+	}
+	if _, err := initSeccomp(1 << 30); err == nil {
+		t.Error("initSeccomp of a pid that does not exist: no error")
 	}
 }
