@@ -49,10 +49,10 @@ import (
 //     cgroup's usage since the run began.
 //   - Between runs its processes are stopped (SIGSTOP), so threads or children
 //     the code left behind use no CPU while no run is going on.
-//   - A run that times out, is cancelled, or hits the CPU, memory or process
-//     limit ends the interpreter (the wall timeout kills its whole PID
-//     namespace); the next run starts a fresh one, with the files still there
-//     and the variables gone.
+//   - A run that times out, is cancelled, hits the CPU, memory or process
+//     limit, or writes past the output cap ends the interpreter (the wall
+//     timeout and the output cap kill its whole PID namespace); the next run
+//     starts a fresh one, with the files still there and the variables gone.
 //   - What the code writes to file descriptors 1 and 2 is the run's stdout and
 //     stderr; what processes it left behind write between runs is dropped.
 
@@ -976,7 +976,7 @@ func (ss *Session) runInterpreter(ctx context.Context, req moat.Request) (*moat.
 		ss.interp = in
 		// Wait for the driver to be ready, within the run's time; keep
 		// what it says on stderr meanwhile, for the error.
-		startErr := capture.New(4096, nil)
+		startErr := capture.New(4096, nil, nil)
 		in.outs[1].set(newMarkSink([]byte("\x00"), startErr))
 		defer in.outs[1].set(nil)
 		select {
@@ -1012,7 +1012,11 @@ func (ss *Session) runInterpreter(ctx context.Context, req moat.Request) (*moat.
 	var rnd [nonceLen / 2]byte
 	rand.Read(rnd[:])
 	nonce := []byte(hex.EncodeToString(rnd[:]))
-	bufs := [2]*capture.Buffer{capture.New(int64(lim.Output), req.Stdout), capture.New(int64(lim.Output), req.Stderr)}
+	// The first byte past the output cap kills the interpreter's helper, the
+	// init of its PID namespace, as the wall timeout does; the run marks the
+	// interpreter dead below (in.kill is not for the streams' goroutines).
+	over := func() { in.cmd.Process.Kill() }
+	bufs := [2]*capture.Buffer{capture.New(int64(lim.Output), req.Stdout, over), capture.New(int64(lim.Output), req.Stderr, over)}
 	sinks := [2]*markSink{newMarkSink(nonce, bufs[0]), newMarkSink(nonce, bufs[1])}
 	for i := range sinks {
 		in.outs[i].set(sinks[i])
@@ -1141,6 +1145,12 @@ func (ss *Session) runInterpreter(ctx context.Context, req moat.Request) (*moat.
 	}
 	res.Stdout, res.Stderr = bufs[0].Bytes(), bufs[1].Bytes()
 	res.Truncated = bufs[0].Truncated() || bufs[1].Truncated()
+	if res.Truncated {
+		// Killed for its output, even if the code had ended first; the
+		// next run starts a fresh interpreter.
+		in.kill()
+		res.ExitCode, res.Signal, signaled = 128+int(syscall.SIGKILL), unix.SignalName(syscall.SIGKILL), true
+	}
 	probe := &run{dir: ss.dir, mounted: ss.mounted}
 	switch {
 	case !gotExit && killedByUs.Load() && ctx.Err() != nil:
