@@ -101,6 +101,19 @@ func TestRunReportsReason(t *testing.T) {
 	}
 }
 
+// The output cap bounds what moat run prints, not only what it keeps: code
+// that prints forever is cut at the cap and its run ended for it.
+func TestRunOutputCapBoundsTheTerminal(t *testing.T) {
+	requireRoot(t)
+	stdout, stderr, code := runMoat(t, "", "run", "--output", "1KiB", "-c", "while True: print(1)")
+	if len(stdout) > 1024 || !strings.HasPrefix(stdout, "1\n1\n") {
+		t.Errorf("printed %d bytes to stdout (%.40q...), want at most the 1KiB cap of the code's output", len(stdout), stdout)
+	}
+	if code != 137 || !strings.Contains(stderr, "moat: run ended: output (exit 137)") {
+		t.Errorf("exit %d, stderr %q; want 137 and the run ended for its output", code, stderr)
+	}
+}
+
 func TestConfigFileAndFlagPrecedence(t *testing.T) {
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "moat.json")
