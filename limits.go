@@ -31,9 +31,14 @@ type Limits struct {
 	// Disk is the most the run may write in all its files together. Zero
 	// means 64MiB.
 	Disk Bytes `json:"disk,omitempty"`
-	// Output is the most of each output stream (stdout, stderr) that the
-	// Result keeps; the rest is cut and the Result is marked truncated. Zero
-	// means 1MiB.
+	// Output is the most of each output stream (stdout, stderr) that moat
+	// keeps and passes on: to the Result and to Request.Stdout and Stderr
+	// alike, which see the same bytes. The cut is at a byte count, even
+	// inside a multi-byte character. The first byte past it ends the run:
+	// moat kills it as at the wall time, drops the rest of what was on its
+	// way, and the Result is marked truncated, with ReasonOutput and exit
+	// code 137 (SIGKILL), even if the code had exited by the time the kill
+	// came. Zero means 1MiB.
 	Output Bytes `json:"output,omitempty"`
 	// OpenFiles is the most file descriptors each process may hold open.
 	// Zero means 256.

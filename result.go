@@ -11,7 +11,10 @@ import (
 type Reason string
 
 // The reasons for an abnormal end. When several apply, a sandbox reports the
-// first in this order.
+// first in this order. The output cap has no slack: the first byte past
+// [Limits.Output] on either stream kills the run, by the kill the wall time
+// uses, and the run reports output (exit 137, SIGKILL), never signal, unless
+// a reason before it in this order applies too.
 const (
 	ReasonNone     Reason = ""
 	ReasonTimeout  Reason = "timeout"  // the wall time or the CPU time ran out
@@ -19,7 +22,7 @@ const (
 	ReasonPids     Reason = "pids"     // the process/thread limit refused a fork or a thread
 	ReasonFileSize Reason = "filesize" // a file reached the file size limit
 	ReasonDisk     Reason = "disk"     // the writable space ran out
-	ReasonOutput   Reason = "output"   // an output stream passed its cap and was cut
+	ReasonOutput   Reason = "output"   // an output stream passed its cap: cut there, and the run killed
 	ReasonSignal   Reason = "signal"   // the code was killed by a signal it did not get from moat
 	ReasonCanceled Reason = "canceled" // the caller cancelled the run
 )
@@ -29,18 +32,21 @@ const (
 type Result struct {
 	Level Level `json:"level"`
 	// Stdout and Stderr hold what the code wrote, each cut at the output
-	// limit. They are raw bytes: not necessarily UTF-8.
+	// limit: the same bytes Request.Stdout and Stderr received. They are raw
+	// bytes, not necessarily UTF-8, and a cut may fall inside a character.
 	Stdout []byte `json:"-"`
 	Stderr []byte `json:"-"`
 	// ExitCode is the code's exit status; 128+N when it was killed by
-	// signal N, as a shell reports it.
+	// signal N, as a shell reports it. A run ended for its output
+	// (ReasonOutput) reports 137 and SIGKILL at every level.
 	ExitCode int `json:"exit_code"`
 	// Duration is the wall time from the start of the run to its end,
 	// set-up and clean-up included.
 	Duration time.Duration `json:"-"`
 	// Reason is why the run ended abnormally, or empty.
 	Reason Reason `json:"reason"`
-	// Truncated is true when stdout or stderr was cut at the output limit.
+	// Truncated is true when stdout or stderr was cut at the output limit;
+	// such a run was killed there (see [Limits.Output]).
 	Truncated bool `json:"truncated"`
 	// Signal names the signal that ended the code, e.g. "SIGKILL", if one
 	// did.

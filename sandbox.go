@@ -46,11 +46,13 @@ type Request struct {
 	// in the Result.
 	Code []byte
 
-	// Stdout and Stderr, when not nil, receive every byte the code writes to
-	// the stream, as it is written, including what lies past the output cap
-	// (the Result keeps only the capped part). A slow writer slows the run
-	// down; it does not make the sandbox buffer without bound. Writes happen
-	// from a goroutine of the sandbox, never concurrently for one stream.
+	// Stdout and Stderr, when not nil, receive what the code writes to the
+	// stream, as it is written, up to the output cap ([Limits.Output]):
+	// exactly the bytes the Result keeps, nothing past the cap. The first
+	// byte past it ends the run (see [ReasonOutput]). A slow writer slows the
+	// run down; it does not make the sandbox buffer without bound. Writes
+	// happen from a goroutine of the sandbox, never concurrently for one
+	// stream.
 	Stdout io.Writer
 	Stderr io.Writer
 }

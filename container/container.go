@@ -414,8 +414,6 @@ func (s *Sandbox) run(ctx context.Context, p *prepared, req moat.Request) (*moat
 	defer rcancel()
 	id, hj, waitC, waitErrC := p.id, p.hj, p.waitC, p.waitErrC
 	lim := s.spec.limits
-	stdout := capture.New(int64(lim.Output), req.Stdout)
-	stderr := capture.New(int64(lim.Output), req.Stderr)
 
 	if err := s.cli.ContainerStart(rctx, id, container.StartOptions{}); err != nil {
 		return s.setupFailed(ctx, "start", err)
@@ -442,6 +440,12 @@ func (s *Sandbox) run(ctx context.Context, p *prepared, req moat.Request) (*moat
 			}
 		})
 	}
+
+	// The first byte past the output cap ends the run, as the wall timer
+	// does: nothing past the cap is passed on.
+	over := func() { kill(moat.ReasonOutput) }
+	stdout := capture.New(int64(lim.Output), req.Stdout, over)
+	stderr := capture.New(int64(lim.Output), req.Stderr, over)
 
 	// Watch from the host before the code can run: Python runs nothing
 	// until it has read all of stdin, which is written only once the watch

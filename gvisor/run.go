@@ -206,8 +206,12 @@ func (b *booted) use(ctx context.Context, req moat.Request, start time.Time) (*m
 	runCtx, cancel := context.WithTimeout(ctx, time.Duration(lim.WallTime))
 	defer cancel()
 
-	stdout := capture.New(int64(lim.Output), req.Stdout)
-	stderr := capture.New(int64(lim.Output), req.Stderr)
+	// The first byte past the output cap ends the run, by the wall timer's
+	// kill: nothing past the cap is passed on.
+	var outOver atomic.Bool
+	over := func() { outOver.Store(true); b.kill() }
+	stdout := capture.New(int64(lim.Output), req.Stdout, over)
+	stderr := capture.New(int64(lim.Output), req.Stderr, over)
 	var copies sync.WaitGroup
 	copies.Go(func() { io.Copy(stdout, b.stdout) })
 	copies.Go(func() { io.Copy(stderr, b.stderr) })
@@ -251,7 +255,7 @@ func (b *booted) use(ctx context.Context, req moat.Request, start time.Time) (*m
 	runLogBytes, _ := os.ReadFile(filepath.Join(b.bundle, "log-run"))
 	rl := parseRunLog(runLogBytes)
 	cgEv := b.group.Events()
-	byUs := b.killed.Load() || cpuOver.Load()
+	byUs := b.killed.Load() || cpuOver.Load() || outOver.Load()
 
 	if !byUs && !cgEv.OOMKill {
 		switch {
@@ -288,7 +292,7 @@ func (b *booted) use(ctx context.Context, req moat.Request, start time.Time) (*m
 	switch {
 	case b.killed.Load() && ctx.Err() != nil:
 		res.Reason = moat.ReasonCanceled
-	case byUs || sig == syscall.SIGXCPU:
+	case b.killed.Load() || cpuOver.Load() || sig == syscall.SIGXCPU:
 		res.Reason = moat.ReasonTimeout
 	case cgEv.OOMKill:
 		res.Reason = moat.ReasonMemory

@@ -877,8 +877,12 @@ func (s *Sandbox) talk(ctx context.Context, vm VM, req moat.Request) (*moat.Resu
 	sendErr := make(chan error, 1)
 	go func() { sendErr <- wire.WriteJSON(conn, wire.KindRun, run) }()
 
-	stdout := capture.New(int64(lim.Output), req.Stdout)
-	stderr := capture.New(int64(lim.Output), req.Stderr)
+	// The first byte past the output cap ends the run: the loop stops at
+	// once and the VM is killed, as at the host's wall-time backstop.
+	var outOver bool
+	over := func() { outOver = true }
+	stdout := capture.New(int64(lim.Output), req.Stdout, over)
+	stderr := capture.New(int64(lim.Output), req.Stderr, over)
 	timer := time.NewTimer(time.Duration(lim.WallTime) + backstop)
 	defer timer.Stop()
 	var (
@@ -899,8 +903,14 @@ loop:
 				started = true
 			case wire.KindStdout:
 				stdout.Write(f.payload)
+				if outOver {
+					break loop
+				}
 			case wire.KindStderr:
 				stderr.Write(f.payload)
+				if outOver {
+					break loop
+				}
 			case wire.KindExit:
 				e, err := parseExit(f.payload)
 				if err != nil {
@@ -934,6 +944,10 @@ loop:
 		Truncated: stdout.Truncated() || stderr.Truncated(),
 	}
 	switch {
+	case outOver:
+		res.ExitCode = 128 + int(syscall.SIGKILL)
+		res.Signal = "SIGKILL"
+		res.Reason = moat.ReasonOutput
 	case exit != nil:
 		res.ExitCode = exit.ExitCode
 		if exit.Signal > 0 {

@@ -134,7 +134,7 @@ func (q *QEMU) Start(ctx context.Context, spec VMSpec) (VM, error) {
 	}
 	vm := &qemuVM{
 		agent:   agentHost,
-		stderr:  capture.New(16<<10, nil),
+		stderr:  capture.New(16<<10, nil, nil),
 		exited:  make(chan struct{}),
 		release: func() {},
 	}

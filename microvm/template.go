@@ -139,7 +139,7 @@ func ensureTemplate(ctx context.Context, stateDir string, vmm VMM, spec VMSpec, 
 	}
 	defer os.RemoveAll(tmp)
 	os.Chmod(tmp, 0o755)
-	console := capture.New(256<<10, nil)
+	console := capture.New(256<<10, nil, nil)
 	spec.Console = console
 	start := time.Now()
 	vm, hello, err := bootToHello(ctx, vmm, spec, timeout)

@@ -34,8 +34,10 @@
 //   - WorkDir: writable, fresh per run, and gone from the host afterwards.
 //   - Limits: wall time (a tree that calls setsid and ignores SIGTERM is
 //     killed whole), CPU time (of one process and of the tree), memory (of
-//     one process and of the tree), processes, file size, disk, output and
-//     open files, each with the Reason the contract names.
+//     one process and of the tree), processes, file size, disk, output (the
+//     cap bounds what the Request's writers get as well as the Result, and
+//     code that prints forever is ended long before its wall time) and open
+//     files, each with the Reason the contract names.
 //   - Signal, Cancel, Concurrency, Close: a crash by signal, cancelling
 //     before and during a run, many runs at once, and closing.
 //   - NoLeaks, after everything: no goroutine of the test process left.

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -287,32 +288,105 @@ print(json.dumps({'written': written, 'errors': errors}))
 func testOutput(t *testing.T, s *suite) {
 	limit := 64 * moat.KiB
 	b := s.sandbox(t, moat.Limits{Output: limit, WallTime: moat.Duration(5 * time.Second)})
+
+	// Exactly the cap on each stream: all of it kept and passed on, nothing
+	// cut, the run not ended.
 	out, errOut := &stream{}, &stream{}
-	res := b.runReq(t, context.Background(), moat.Request{Stdout: out, Stderr: errOut, Code: []byte(`
+	res := b.runReq(t, context.Background(), moat.Request{Stdout: out, Stderr: errOut, Code: []byte(fmt.Sprintf(`
 import sys
-sys.stdout.write('x' * (1 << 20)); sys.stdout.flush()
-sys.stderr.write('y' * (1 << 20)); sys.stderr.flush()
-`)})
-	if !res.Truncated || res.Reason != moat.ReasonOutput || res.ExitCode != 0 {
-		t.Errorf("printing 1MiB to each stream under a %v output limit: got %s\nwant truncated, reason output, exit 0", limit, describe(res))
+sys.stdout.write('x' * %d); sys.stdout.flush()
+sys.stderr.write('y' * %d); sys.stderr.flush()
+`, limit, limit))})
+	if res.Truncated || res.Reason != moat.ReasonNone || res.ExitCode != 0 {
+		t.Errorf("printing exactly the %v output limit to each stream: got %s\nwant not truncated, no reason, exit 0", limit, describe(res))
 	}
-	all := int(1 * moat.MiB)
+	checkStreams(t, res, out, errOut, bytes.Repeat([]byte("x"), int(limit)), bytes.Repeat([]byte("y"), int(limit)))
+
+	// Past the cap on stderr: cut there, on the Result and the writer alike,
+	// and the run ended for it; stdout, at its cap, is whole.
+	out, errOut = &stream{}, &stream{}
+	res = b.runReq(t, context.Background(), moat.Request{Stdout: out, Stderr: errOut, Code: []byte(fmt.Sprintf(`
+import sys
+sys.stdout.write('x' * %d); sys.stdout.flush()
+sys.stderr.write('y' * (1 << 20)); sys.stderr.flush()
+`, limit))})
+	if !res.Truncated || res.Reason != moat.ReasonOutput || res.ExitCode != 128+int(syscall.SIGKILL) || res.Signal != "SIGKILL" {
+		t.Errorf("printing 1MiB to stderr under a %v output limit: got %s\nwant truncated, reason output, exit 137, signal SIGKILL", limit, describe(res))
+	}
+	checkStreams(t, res, out, errOut, bytes.Repeat([]byte("x"), int(limit)), bytes.Repeat([]byte("y"), int(limit)))
+}
+
+// checkStreams fails t unless the Result and the request's writers hold
+// exactly the wanted bytes, and no writer was called concurrently.
+func checkStreams(t *testing.T, res *moat.Result, out, errOut *stream, wantOut, wantErr []byte) {
+	t.Helper()
 	for _, c := range []struct {
 		name   string
 		kept   []byte
 		writer *stream
-		char   string
-	}{{"Stdout", res.Stdout, out, "x"}, {"Stderr", res.Stderr, errOut, "y"}} {
-		if !bytes.Equal(c.kept, bytes.Repeat([]byte(c.char), int(limit))) {
-			t.Errorf("Result.%s holds %d bytes, want the first %d bytes the code wrote", c.name, len(c.kept), int64(limit))
+		want   []byte
+	}{{"Stdout", res.Stdout, out, wantOut}, {"Stderr", res.Stderr, errOut, wantErr}} {
+		if !bytes.Equal(c.kept, c.want) {
+			t.Errorf("Result.%s holds %d bytes (%s), want the first %d bytes the code wrote", c.name, len(c.kept), shorten(c.kept), len(c.want))
 		}
-		if got := c.writer.bytes(); !bytes.Equal(got, bytes.Repeat([]byte(c.char), all)) {
-			t.Errorf("the Request.%s writer received %d bytes, want all %d the code wrote", c.name, len(got), all)
+		if got := c.writer.bytes(); !bytes.Equal(got, c.want) {
+			t.Errorf("the Request.%s writer received %d bytes (%s), want exactly the %d the Result kept", c.name, len(got), shorten(got), len(c.want))
 		}
 		if n := c.writer.overlaps.Load(); n > 0 {
 			t.Errorf("the Request.%s writer was called concurrently %d times", c.name, n)
 		}
 	}
+}
+
+// testOutputForever checks that the output cap bounds what moat passes on
+// and ends a run that keeps writing, long before its wall time: a capped
+// Result over an unbounded stream to the caller is no cap.
+func testOutputForever(t *testing.T, s *suite) {
+	limit, wall := moat.KiB, 10*time.Second
+	b := s.sandbox(t, moat.Limits{Output: limit, WallTime: moat.Duration(wall)})
+	out, errOut := &counter{}, &counter{}
+	start := time.Now()
+	res := b.runReq(t, context.Background(), moat.Request{Stdout: out, Stderr: errOut, Code: []byte(`
+while True:
+    print('x' * 1000)
+`)})
+	elapsed := time.Since(start)
+	if !res.Truncated || res.Reason != moat.ReasonOutput || res.ExitCode != 128+int(syscall.SIGKILL) || res.Signal != "SIGKILL" {
+		t.Errorf("printing forever under a %v output limit: got %s\nwant truncated, reason output, exit 137, signal SIGKILL", limit, describe(res))
+	}
+	if n := out.n.Load(); n > int64(limit) || !bytes.Equal(out.head(), res.Stdout) {
+		t.Errorf("printing forever under a %v output limit: the Request.Stdout writer received %d bytes, want at most %d, the same as Result.Stdout (%d bytes)",
+			limit, n, int64(limit), len(res.Stdout))
+	}
+	if n := errOut.n.Load(); n != int64(len(res.Stderr)) {
+		t.Errorf("the Request.Stderr writer received %d bytes, Result.Stderr holds %d", n, len(res.Stderr))
+	}
+	if ratio := float64(elapsed) / float64(wall); ratio >= 0.5 {
+		t.Errorf("printing forever under a %v output limit: Run took %v, %.2f of the %v wall time; want under 0.5: the cap must end the run, not the wall time",
+			limit, elapsed, ratio, wall)
+	}
+}
+
+// counter is a Request writer that counts what it receives and keeps the
+// first 64KiB: the suite's record of a stream that could be unbounded.
+type counter struct {
+	n    atomic.Int64
+	mu   sync.Mutex
+	kept []byte
+}
+
+func (c *counter) Write(p []byte) (int, error) {
+	c.n.Add(int64(len(p)))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.kept = append(c.kept, p[:min(len(p), 64<<10-len(c.kept))]...)
+	return len(p), nil
+}
+
+func (c *counter) head() []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return bytes.Clone(c.kept)
 }
 
 func testOpenFiles(t *testing.T, s *suite) {

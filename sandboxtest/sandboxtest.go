@@ -109,6 +109,7 @@ var cases = []testCase{
 	{"Limits/FileSize", testFileSize},
 	{"Limits/Disk", testDisk},
 	{"Limits/Output", testOutput},
+	{"Limits/OutputForever", testOutputForever},
 	{"Limits/OpenFiles", testOpenFiles},
 	{"Signal", testSignal},
 	{"Cancel/Before", testCancelBefore},

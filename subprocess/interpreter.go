@@ -512,7 +512,7 @@ func (ss *Session) runInterpreter(ctx context.Context, req moat.Request) (*moat.
 		ss.interp = in
 		// Wait for the driver to be ready, within the run's time; keep
 		// what it says on stderr meanwhile, for the error.
-		startErr := capture.New(4096, nil)
+		startErr := capture.New(4096, nil, nil)
 		in.outs[1].set(newMarkSink([]byte("\x00"), nil, startErr))
 		defer in.outs[1].set(nil)
 		select {
@@ -565,7 +565,11 @@ func (ss *Session) runInterpreter(ctx context.Context, req moat.Request) (*moat.
 	var rnd [nonceLen / 2]byte
 	rand.Read(rnd[:])
 	nonce := []byte(hex.EncodeToString(rnd[:]))
-	bufs := [2]*capture.Buffer{capture.New(int64(lim.Output), req.Stdout), capture.New(int64(lim.Output), req.Stderr)}
+	// The first byte past the output cap kills the interpreter's helper, the
+	// init of its PID namespace, as the wall timeout does; the run marks the
+	// interpreter dead below (in.kill is not for the streams' goroutines).
+	over := func() { in.cmd.Process.Kill() }
+	bufs := [2]*capture.Buffer{capture.New(int64(lim.Output), req.Stdout, over), capture.New(int64(lim.Output), req.Stderr, over)}
 	sinks := [2]*markSink{newMarkSink(nonce, in.prevNonce, bufs[0]), newMarkSink(nonce, in.prevNonce, bufs[1])}
 	for i := range sinks {
 		in.outs[i].set(sinks[i])
@@ -692,6 +696,12 @@ func (ss *Session) runInterpreter(ctx context.Context, req moat.Request) (*moat.
 	}
 	res.Stdout, res.Stderr = bufs[0].Bytes(), bufs[1].Bytes()
 	res.Truncated = bufs[0].Truncated() || bufs[1].Truncated()
+	if res.Truncated {
+		// Killed for its output, even if the code had ended first; the
+		// next run starts a fresh interpreter.
+		in.kill()
+		res.ExitCode, res.Signal, signaled = 128+int(syscall.SIGKILL), unix.SignalName(syscall.SIGKILL), true
+	}
 	probe := &run{dir: ss.dir, mounted: ss.mounted}
 	switch {
 	case !gotExit && killedByUs.Load() && ctx.Err() != nil:

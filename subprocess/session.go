@@ -53,10 +53,10 @@ import (
 //     moat.ReasonTimeout, like one that reaches its own CPU limit; then the
 //     session is spent: later Runs fail with an error wrapping
 //     moat.ErrClosed, while its files can still be read, until Close.
-//   - A run that times out, is cancelled, or hits the CPU, memory or process
-//     limit ends the interpreter (the wall timeout kills its whole PID
-//     namespace); the next run starts a fresh one, with the files still there
-//     and the variables gone.
+//   - A run that times out, is cancelled, hits the CPU, memory or process
+//     limit, or writes past the output cap ends the interpreter (the wall
+//     timeout and the output cap kill its whole PID namespace); the next run
+//     starts a fresh one, with the files still there and the variables gone.
 //   - What the code writes to file descriptors 1 and 2 is the run's stdout and
 //     stderr; what processes it left behind write between runs is dropped.
 //   - The end of a run and its exit status are taken from the driver, only

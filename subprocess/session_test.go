@@ -642,3 +642,57 @@ print('one')`)
 		t.Errorf("the next run: exit %d stdout %q stderr %s", res.ExitCode, res.Stdout, res.Stderr)
 	}
 }
+
+// countingWriter counts what a Request writer receives.
+type countingWriter struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (w *countingWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.n += len(p)
+	return len(p), nil
+}
+
+// TestInterpreterOutputCapEndsTheRun checks that a live interpreter's run is
+// held to the output cap like a one-shot run: the writer gets at most the cap,
+// the run ends for it long before its wall time, and the next run starts a
+// fresh interpreter, with the files still there.
+func TestInterpreterOutputCapEndsTheRun(t *testing.T) {
+	limit, wall := moat.KiB, 10*time.Second
+	_, s := newSession(t, moat.Limits{Output: limit, WallTime: moat.Duration(wall)}, moat.SessionOptions{Interpreter: true})
+	srun(t, s, "x = 1\nopen('kept','w').write('yes')")
+	for _, code := range []string{
+		"while True: print('x' * 1000)",
+		// Past the cap, then the code ends by itself: the run is still
+		// ended for its output, and the interpreter with it.
+		"import sys\nsys.stdout.write('y' * 4096)",
+	} {
+		w := &countingWriter{}
+		start := time.Now()
+		res, err := s.Run(context.Background(), moat.Request{Code: []byte(code), Stdout: w})
+		elapsed := time.Since(start)
+		if err != nil {
+			t.Fatalf("Run(%q): %v", code, err)
+		}
+		if res.Reason != moat.ReasonOutput || !res.Truncated || res.ExitCode != 137 || res.Signal != "SIGKILL" {
+			t.Errorf("%q under a %v output limit: reason %q truncated %v exit %d signal %q; want output, true, 137, SIGKILL",
+				code, limit, res.Reason, res.Truncated, res.ExitCode, res.Signal)
+		}
+		w.mu.Lock()
+		n := w.n
+		w.mu.Unlock()
+		if n > int(limit) || n != len(res.Stdout) {
+			t.Errorf("%q: the writer received %d bytes, Result.Stdout %d; want the same, at most %d", code, n, len(res.Stdout), int64(limit))
+		}
+		if ratio := float64(elapsed) / float64(wall); ratio >= 0.5 {
+			t.Errorf("%q: Run took %v, %.2f of the %v wall time; want under 0.5", code, elapsed, ratio, wall)
+		}
+		if res := srun(t, s, "print('x' in globals(), open('kept').read())"); out(res) != "False yes" || res.Reason != "" {
+			t.Errorf("after %q: %q %s reason %q (want a fresh interpreter with the files kept)", code, res.Stdout, res.Stderr, res.Reason)
+		}
+		srun(t, s, "x = 1")
+	}
+}

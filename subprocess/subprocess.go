@@ -667,8 +667,13 @@ func (r *run) exec(ctx context.Context, arg []byte) (*moat.Result, error) {
 	}
 	defer h.closeFiles()
 
-	stdout := capture.New(int64(lim.Output), r.req.Stdout)
-	stderr := capture.New(int64(lim.Output), r.req.Stderr)
+	// The first byte past the output cap ends the run, by the wall timer's
+	// kill: nothing past the cap is passed on, and the code cannot go on
+	// writing into a stream that is only drained.
+	var outOver atomic.Bool
+	over := func() { outOver.Store(true); h.cmd.Process.Kill() }
+	stdout := capture.New(int64(lim.Output), r.req.Stdout, over)
+	stderr := capture.New(int64(lim.Output), r.req.Stderr, over)
 	copied := make(chan struct{}, 2)
 	go func() { io.Copy(stdout, h.stdout); copied <- struct{}{} }()
 	go func() { io.Copy(stderr, h.stderr); copied <- struct{}{} }()
@@ -743,6 +748,8 @@ func (r *run) exec(ctx context.Context, arg []byte) (*moat.Result, error) {
 			st = helperStatus{signaled: true, signal: syscall.SIGKILL, cpuMS: time.Duration(lim.CPUTime).Milliseconds()}
 		case runCtx.Err() != nil:
 			killedByUs = true
+		case outOver.Load():
+			st = helperStatus{signaled: true, signal: syscall.SIGKILL}
 		case events.OOMKill:
 			st = helperStatus{signaled: true, signal: syscall.SIGKILL}
 		default:
@@ -758,6 +765,10 @@ func (r *run) exec(ctx context.Context, arg []byte) (*moat.Result, error) {
 	default:
 		res.ExitCode = 128 + int(syscall.SIGKILL)
 		res.Signal = unix.SignalName(syscall.SIGKILL)
+	}
+	if outOver.Load() {
+		// Killed for its output, even if python3 ended first.
+		res.ExitCode, res.Signal = 128+int(syscall.SIGKILL), unix.SignalName(syscall.SIGKILL)
 	}
 
 	cpuLimitMS := time.Duration(lim.CPUTime).Milliseconds()

@@ -50,7 +50,7 @@ func addSandboxFlags(fs *flag.FlagSet) *sandboxFlags {
 	fs.IntVar(&f.limits.Pids, "pids", 0, "processes and threads per run (default 64)")
 	fs.Var(&f.limits.FileSize, "file-size", "largest file a run may write (default 16MiB)")
 	fs.Var(&f.limits.Disk, "disk", "all files of a run together (default 64MiB)")
-	fs.Var(&f.limits.Output, "output", "kept per output stream (default 1MiB)")
+	fs.Var(&f.limits.Output, "output", "output per stream, kept and streamed; the first byte past it ends the run (default 1MiB)")
 	fs.IntVar(&f.limits.OpenFiles, "open-files", 0, "open files per process (default 256)")
 	fs.StringVar(&f.hardening, "hardening", "", "subprocess hardening: strict (default) or tutorial (plain rlimits only, for comparison)")
 	fs.StringVar(&f.python, "python", "", "python3 interpreter for the subprocess level (default /usr/bin/python3)")

@@ -103,6 +103,36 @@ func TestRunReportsReason(t *testing.T) {
 	}
 }
 
+// The output cap bounds what moat run prints, not only what it keeps: code
+// that prints forever is cut at the cap and its run ended for it.
+func TestRunOutputCapBoundsTheTerminal(t *testing.T) {
+	requireRoot(t)
+	// The terminal: it counts all it gets but keeps only a little, should
+	// the cap not hold.
+	var stdout headWriter
+	var stderr bytes.Buffer
+	code := dispatch(context.Background(), []string{"run", "--output", "1KiB", "--timeout", "10s", "-c", "while True: print(1)"},
+		Stdio{In: strings.NewReader(""), Out: &stdout, Err: &stderr})
+	if stdout.n > 1024 || !strings.HasPrefix(string(stdout.head), "1\n1\n") {
+		t.Errorf("printed %d bytes to stdout (%.40q...), want at most the 1KiB cap of the code's output", stdout.n, stdout.head)
+	}
+	if code != 137 || !strings.Contains(stderr.String(), "moat: run ended: output (exit 137)") {
+		t.Errorf("exit %d, stderr %q; want 137 and the run ended for its output", code, stderr.String())
+	}
+}
+
+// headWriter counts what it is given and keeps the first 4KiB.
+type headWriter struct {
+	n    int64
+	head []byte
+}
+
+func (w *headWriter) Write(p []byte) (int, error) {
+	w.n += int64(len(p))
+	w.head = append(w.head, p[:min(len(p), 4096-len(w.head))]...)
+	return len(p), nil
+}
+
 func TestConfigFileAndFlagPrecedence(t *testing.T) {
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "moat.json")

@@ -33,7 +33,8 @@ func cmdRun(ctx context.Context, args []string, stdio Stdio) int {
 
 	req := moat.Request{Code: src}
 	if !*asJSON {
-		// Stream the code's output as it comes.
+		// Stream the code's output as it comes: the sandbox passes on only
+		// what is under the output cap, and ends the run past it.
 		req.Stdout, req.Stderr = stdio.Out, stdio.Err
 	}
 	res, err := sb.Run(ctx, req)
@@ -44,6 +45,8 @@ func cmdRun(ctx context.Context, args []string, stdio Stdio) int {
 		if err := json.NewEncoder(stdio.Out).Encode(res); err != nil {
 			return exitFor(stdio, err)
 		}
+	} else if res.Reason == moat.ReasonOutput {
+		fmt.Fprintf(stdio.Err, "\nmoat: run ended: %s (exit %d): the output passed the cap (--output) and was cut there\n", res.Reason, res.ExitCode)
 	} else if res.Reason != "" {
 		fmt.Fprintf(stdio.Err, "moat: run ended: %s (exit %d)\n", res.Reason, res.ExitCode)
 	}
