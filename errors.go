@@ -19,6 +19,11 @@ var (
 
 	// ErrClosed means the sandbox was closed.
 	ErrClosed = errors.New("sandbox closed")
+
+	// ErrSpent means a session used up a budget that lasts its whole life
+	// (its CPU time): it runs no more code, though its files can still be
+	// read until it is closed. Retrying does not help.
+	ErrSpent = errors.New("session budget spent")
 )
 
 // UnavailableError says why a level cannot run and what to do about it. It

@@ -54,6 +54,7 @@ var errorTable = []struct {
 	{errQueueTimeout, http.StatusServiceUnavailable, "queue_timeout"},
 	{errNoSessions, http.StatusNotImplemented, "sessions_unsupported"},
 	{errShuttingDown, http.StatusServiceUnavailable, "shutting_down"},
+	{moat.ErrSpent, http.StatusConflict, "session_spent"},
 	{moat.ErrClosed, http.StatusServiceUnavailable, "shutting_down"},
 	{moat.ErrUnavailable, http.StatusServiceUnavailable, "unavailable"},
 	{context.Canceled, 499, "canceled"}, // the client went away

@@ -481,7 +481,7 @@ func (ss *Session) endInterpreter() {
 // errCPUSpent is what Run returns once the session's CPU budget is spent.
 func (ss *Session) errCPUSpent() error {
 	return fmt.Errorf("subprocess: session %s: its interpreter's CPU budget of %v (session_cpu_time) is spent; only its files remain: %w",
-		ss.id, ss.s.sessionCPUTime(), moat.ErrClosed)
+		ss.id, ss.s.sessionCPUTime(), moat.ErrSpent)
 }
 
 // runInterpreter runs req in the live interpreter, starting one if needed.

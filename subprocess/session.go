@@ -52,7 +52,7 @@ import (
 //     time between them alike. The run that reaches it ends with
 //     moat.ReasonTimeout, like one that reaches its own CPU limit; then the
 //     session is spent: later Runs fail with an error wrapping
-//     moat.ErrClosed, while its files can still be read, until Close.
+//     moat.ErrSpent, while its files can still be read, until Close.
 //   - A run that times out, is cancelled, hits the CPU, memory or process
 //     limit, or writes past the output cap ends the interpreter (the wall
 //     timeout and the output cap kill its whole PID namespace); the next run

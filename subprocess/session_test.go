@@ -444,8 +444,8 @@ func TestSessionCPUBudget(t *testing.T) {
 	if res.Duration > time.Duration(lim.CPUTime)/2 {
 		t.Errorf("a run past a %v budget of which 1.2s was used ran %v, as if bounded by the %v per-run limit only", budget, res.Duration, time.Duration(lim.CPUTime))
 	}
-	if _, err := s.Run(context.Background(), moat.Request{Code: []byte("print(1)")}); !errors.Is(err, moat.ErrClosed) {
-		t.Errorf("a run after the budget is spent: %v, want ErrClosed", err)
+	if _, err := s.Run(context.Background(), moat.Request{Code: []byte("print(1)")}); !errors.Is(err, moat.ErrSpent) {
+		t.Errorf("a run after the budget is spent: %v, want ErrSpent", err)
 	}
 	if got, err := readString(s, "kept"); err != nil || got != "yes" {
 		t.Errorf("the files after the budget is spent: %q, %v", got, err)
