@@ -52,16 +52,29 @@
 // How each Reason is found, from outside the code: timeout, when moat's
 // wall timer or the cgroup's CPU account fires (moat kills the cgroup), or
 // the code dies of SIGXCPU; memory, from the cgroup's OOM kill counter;
-// pids, filesize and disk, from the sentry's log of the clone and write
-// calls that it refused with EAGAIN, EFBIG or ENOSPC (runsc's --strace,
-// limited to those calls, read from a pipe); the exit status and the signal
-// from runsc's own log, which carries the container's wait status. The
-// code's own file and task names appear in the sentry's log, so it can
-// forge lines there and change the Reason of its own run, never get past a
-// limit. The tracing has a cost: every write system call is logged, so code that makes
-// many tiny unbuffered writes runs a few times slower than under gVisor
-// alone (measured here: about 30,000 one-byte writes a second instead of
-// 110,000). Python's own output to a pipe is buffered and barely affected.
+// pids, from the cgroup's pids-max counter or from the sentry's log of the
+// clone calls it refused with EAGAIN; filesize and disk, from the sentry's
+// log of the write calls it refused with EFBIG or ENOSPC (runsc's --strace,
+// limited to those calls, read from a pipe). Every log of runsc's is read
+// in its JSON form, one record per line with the text escaped, so that
+// nothing the code writes (its task's name, its file names, its output)
+// can add a record or a line; inside a record only what the sentry formats
+// is read (see logs.go). The exit status and the signal count only when
+// the sentry reported them itself: it logged its own end with the
+// container's wait status, runsc logged the same, runsc's exit code as the
+// host kernel saw it agrees, and the sentry's Go runtime wrote nothing to
+// its panic log (--panic-log). A sentry that panicked, crashed or was
+// killed from outside makes the run fail with an error wrapping
+// moat.ErrUnavailable; one that the cgroup's memory or pids limit ended
+// is a kill by SIGKILL with that reason.
+//
+// The tracing has a cost: every write system call is logged, so code that
+// makes many tiny unbuffered writes runs several times slower than under
+// gVisor alone (measured here with the text log: about 30,000 one-byte
+// writes a second instead of 110,000; the JSON log costs about a quarter
+// more: a median 13,300 one-byte writes to a file a second against 17,600
+// with the text log, side by side on a loaded machine). Python's own
+// output to a pipe is buffered and barely affected.
 //
 // The level needs root: runsc runs rootful, and the cgroups are moat's.
 package gvisor
@@ -195,6 +208,10 @@ type Sandbox struct {
 	log   *slog.Logger
 
 	prestart int // how many booted sandboxes to keep waiting
+
+	// testFlags are runsc flags that this package's tests add (to make
+	// the sentry panic on a signal); nil otherwise.
+	testFlags []string
 
 	mu      sync.Mutex
 	closed  bool

@@ -162,7 +162,7 @@ func (s *Sandbox) boot() (_ *booted, err error) {
 // runscArgs is runsc's command line for the run.
 func (b *booted) runscArgs() []string {
 	s := b.s
-	return []string{
+	args := []string{
 		"--root=" + s.runscRoot,
 		"--platform=" + string(s.platform),
 		"--network=none",
@@ -176,9 +176,15 @@ func (b *booted) runscArgs() []string {
 		"--strace",
 		"--strace-syscalls=" + strings.Join(straceSyscalls, ","),
 		"--strace-log-size=8",
+		// Every log as JSON, which the code's text cannot break out of
+		// (logs.go), and the sentry's runtime messages in a file of their
+		// own.
 		"--debug-log=" + filepath.Join(b.bundle, "log-%COMMAND%"),
-		"run", "--bundle=" + b.bundle, b.id,
+		"--debug-log-format=json",
+		"--panic-log=" + filepath.Join(b.bundle, "log-panic"),
 	}
+	args = append(args, s.testFlags...)
+	return append(args, "run", "--bundle="+b.bundle, b.id)
 }
 
 // alive reports whether runsc still runs.
@@ -251,61 +257,36 @@ func (b *booted) use(ctx context.Context, req moat.Request, start time.Time) (*m
 	case <-time.After(streamDrain):
 		return nil, fmt.Errorf("gvisor: the sentry's log did not close after the run ended: %w", moat.ErrUnavailable)
 	}
-	ev := b.events.snapshot()
-	runLogBytes, _ := os.ReadFile(filepath.Join(b.bundle, "log-run"))
-	rl := parseRunLog(runLogBytes)
-	cgEv := b.group.Events()
-	byUs := b.killed.Load() || cpuOver.Load() || outOver.Load()
-
-	if !byUs && !cgEv.OOMKill {
-		switch {
-		case rl.fatal != "":
-			return nil, fmt.Errorf("gvisor: runsc failed, nothing ran: %s: %w", rl.fatal, moat.ErrUnavailable)
-		case ev.panicked:
-			return nil, fmt.Errorf("gvisor: the sentry panicked: %s: %w", strings.Join(ev.last, " | "), moat.ErrUnavailable)
-		case !rl.exited:
-			return nil, fmt.Errorf("gvisor: runsc ended (%v) without the container's status: %s %s: %w",
-				b.waitErr, strings.Join(rl.warnings, " | "), clip(stderr.Bytes(), 300), moat.ErrUnavailable)
-		}
+	ev := evidence{
+		killed:    b.killed.Load(),
+		canceled:  ctx.Err() != nil,
+		cpuOver:   cpuOver.Load(),
+		outOver:   outOver.Load(),
+		cgroup:    b.group.Events(),
+		runscExit: b.cmd.ProcessState.ExitCode(),
+		waitErr:   b.waitErr,
+		sent:      b.events.snapshot(),
+		panicLog:  readPanicLog(filepath.Join(b.bundle, "log-panic")),
+		truncated: stdout.Truncated() || stderr.Truncated(),
+		stderr:    stderr.Bytes(),
 	}
-
+	runLogBytes, _ := os.ReadFile(filepath.Join(b.bundle, "log-run"))
+	ev.run = parseRunLog(runLogBytes)
+	out, err := ev.verdict()
+	if err != nil {
+		return nil, err
+	}
 	res := &moat.Result{
 		Level:     moat.LevelGVisor,
 		Stdout:    stdout.Bytes(),
 		Stderr:    stderr.Bytes(),
-		Truncated: stdout.Truncated() || stderr.Truncated(),
+		Truncated: ev.truncated,
+		ExitCode:  out.exitCode,
+		Reason:    out.reason,
 		Notes:     s.notes,
 	}
-	var sig syscall.Signal
-	switch {
-	case byUs || (!rl.exited && cgEv.OOMKill):
-		sig = syscall.SIGKILL
-	case rl.status.Signaled():
-		sig = rl.status.Signal()
-	default:
-		res.ExitCode = rl.status.ExitStatus()
-	}
-	if sig != 0 {
-		res.ExitCode = 128 + int(sig)
-		res.Signal = unix.SignalName(sig)
-	}
-	switch {
-	case b.killed.Load() && ctx.Err() != nil:
-		res.Reason = moat.ReasonCanceled
-	case b.killed.Load() || cpuOver.Load() || sig == syscall.SIGXCPU:
-		res.Reason = moat.ReasonTimeout
-	case cgEv.OOMKill:
-		res.Reason = moat.ReasonMemory
-	case ev.pids:
-		res.Reason = moat.ReasonPids
-	case ev.fileSize:
-		res.Reason = moat.ReasonFileSize
-	case ev.disk:
-		res.Reason = moat.ReasonDisk
-	case res.Truncated:
-		res.Reason = moat.ReasonOutput
-	case sig != 0:
-		res.Reason = moat.ReasonSignal
+	if out.signal != 0 {
+		res.Signal = unix.SignalName(out.signal)
 	}
 	// The duration counts the clean-up: Run returns only after it.
 	b.remove()

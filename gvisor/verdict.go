@@ -1,0 +1,167 @@
+package gvisor
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"syscall"
+
+	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/internal/cgroup"
+)
+
+// evidence is what moat knows about how a run ended, all of it from
+// outside the code: moat's own timers, the host cgroup's counters, runsc's
+// exit as the host kernel reports it, and the records runsc and the sentry
+// logged (which the code cannot write; see logs.go). The code's output is
+// here only to quote in errors.
+type evidence struct {
+	killed   bool // moat killed the sandbox: the wall time, a cancellation
+	canceled bool // the run's context was done
+	cpuOver  bool // the cgroup's CPU account passed the limit, and moat killed the sandbox
+	outOver  bool // the output passed Limits.Output, and moat killed the sandbox
+	cgroup   cgroup.Events
+	// runscExit is runsc's exit code as the host kernel reports it, -1
+	// when runsc did not exit by itself: runsc exits with the container's
+	// exit code, or 128 plus its signal. waitErr is how it ended, for
+	// errors.
+	runscExit int
+	waitErr   error
+	run       runLog      // runsc run's own log
+	sent      sentryFacts // the sentry's log
+	// panicLog is the start of what the sentry's Go runtime wrote
+	// (--panic-log): a panic, a fatal error. Empty when it wrote nothing.
+	panicLog  []byte
+	truncated bool   // the output went past Limits.Output
+	stderr    []byte // the code's stderr, for errors
+}
+
+// outcome is how the code's run ended, for moat.Result.
+type outcome struct {
+	exitCode int
+	signal   syscall.Signal // 0 when the code exited by itself
+	reason   moat.Reason
+}
+
+// verdict turns the evidence into the run's outcome, or into an error
+// wrapping moat.ErrUnavailable when the sandbox itself failed.
+//
+// The container's wait status counts only when the sentry reported it: the
+// sentry logged its own end with that status, runsc run logged the same,
+// runsc's exit code as the host kernel saw it matches, and the sentry's
+// runtime wrote nothing. A sentry that panicked, crashed or was killed
+// does none of this: runsc then reports the sentry's own exit status
+// instead, which is not the code's. When moat or a host limit (the
+// cgroup's memory or pids) ended the sandbox, the code was killed; when
+// nothing of moat's did, the sandbox failed, and the run is an error.
+func (ev evidence) verdict() (outcome, error) {
+	var out outcome
+	byUs := ev.killed || ev.cpuOver || ev.outOver
+	hostLimit := ev.cgroup.OOMKill || ev.cgroup.PidsMax
+	st := ev.run.status
+	reported := ev.run.exited && ev.sent.exited && ev.sent.status == st &&
+		len(ev.panicLog) == 0 && ev.runscExit == exitCode(st)
+	if !reported && !byUs && !hostLimit {
+		return out, ev.failure()
+	}
+	switch {
+	case byUs || !reported:
+		out.signal = syscall.SIGKILL
+	case st.Signaled():
+		out.signal = st.Signal()
+	default:
+		out.exitCode = st.ExitStatus()
+	}
+	if out.signal != 0 {
+		out.exitCode = 128 + int(out.signal)
+	}
+	switch {
+	case ev.killed && ev.canceled:
+		out.reason = moat.ReasonCanceled
+	case ev.killed || ev.cpuOver || out.signal == syscall.SIGXCPU:
+		out.reason = moat.ReasonTimeout
+	case ev.cgroup.OOMKill:
+		out.reason = moat.ReasonMemory
+	case ev.cgroup.PidsMax || ev.sent.pids:
+		out.reason = moat.ReasonPids
+	case ev.sent.fileSize:
+		out.reason = moat.ReasonFileSize
+	case ev.sent.disk:
+		out.reason = moat.ReasonDisk
+	case ev.outOver || ev.truncated:
+		out.reason = moat.ReasonOutput
+	case out.signal != 0:
+		out.reason = moat.ReasonSignal
+	}
+	return out, nil
+}
+
+// failure says how the sandbox failed when the sentry did not report the
+// container's status and nothing of moat's ended it.
+func (ev evidence) failure() error {
+	var msg string
+	switch {
+	case ev.run.fatal != "":
+		msg = "runsc failed, nothing ran: " + ev.run.fatal
+	case len(ev.panicLog) > 0:
+		msg = "the sentry crashed: " + firstLines(ev.panicLog, 3)
+	case !ev.run.exited:
+		msg = fmt.Sprintf("runsc ended (%v) without the container's status: %s %s",
+			ev.waitErr, strings.Join(ev.run.warnings, " | "), clip(ev.stderr, 300))
+	case !ev.sent.exited:
+		msg = fmt.Sprintf("the sentry ended without reporting the container's status (runsc: %s): %s",
+			strings.Join(ev.run.warnings, " | "), strings.Join(ev.sent.last, " | "))
+	default:
+		msg = fmt.Sprintf("runsc and the sentry disagree on how the container ended: runsc logged status %#x and exited with %d, the sentry logged %#x",
+			uint32(ev.run.status), ev.runscExit, uint32(ev.sent.status))
+	}
+	return fmt.Errorf("gvisor: %s: %w", msg, moat.ErrUnavailable)
+}
+
+// exitCode is the exit code runsc exits with for the container's status.
+func exitCode(ws syscall.WaitStatus) int {
+	if ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	return ws.ExitStatus()
+}
+
+// maxPanicLog is how much of the sentry's runtime messages moat reads.
+const maxPanicLog = 4 << 10
+
+// readPanicLog returns the start of the file runsc's --panic-log names, or
+// nil when it is empty or was never made (runsc failed before it started
+// the sentry). When it cannot be read, the error stands in for its text,
+// so that the run fails closed.
+func readPanicLog(path string) []byte {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return []byte("cannot read the sentry's panic log: " + err.Error())
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxPanicLog))
+	if err != nil {
+		return []byte("cannot read the sentry's panic log: " + err.Error())
+	}
+	return b
+}
+
+// firstLines returns the first n non-empty lines of b, joined with " | ".
+func firstLines(b []byte, n int) string {
+	var out []string
+	for _, l := range bytes.Split(b, []byte("\n")) {
+		if len(out) == n {
+			break
+		}
+		if l = bytes.TrimSpace(l); len(l) > 0 {
+			out = append(out, clip(l, 200))
+		}
+	}
+	return strings.Join(out, " | ")
+}
