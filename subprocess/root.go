@@ -31,9 +31,9 @@ type rootSpec struct {
 	// Mount is an empty directory of the host on which the new root's
 	// tmpfs is mounted, in the helper's private mount namespace only.
 	Mount string `json:"mount"`
-	// ReadOnly are directories and files bound read-only, and symlinks
-	// copied as they are (Debian's /bin -> usr/bin). Missing ones are
-	// skipped.
+	// ReadOnly are directories and files bound read-only, nosuid and
+	// nodev, with every mount of the host below them, and symlinks copied
+	// as they are (Debian's /bin -> usr/bin). Missing ones are skipped.
 	ReadOnly []string `json:"ro"`
 	// Devices are device nodes bound as they are (/dev/null).
 	Devices []string `json:"dev"`
@@ -153,10 +153,16 @@ func bindInto(root, p string, ro bool) error {
 	if !ro {
 		return nil
 	}
-	// A bind mount takes its flags from a remount; keep nodev and nosuid
-	// as well (the system directories need neither).
-	if err := unix.Mount("", dst, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
-		return fmt.Errorf("make %s read-only: %w", p, err)
+	// Read-only, nosuid and nodev (the system directories need neither),
+	// on the bind and on every mount of the host below it, which the
+	// recursive bind brought along: a bind remount would change the top
+	// mount only, leaving a submount under /usr writable and its device
+	// nodes openable. mount_setattr (Linux 5.12, older than the Landlock
+	// strict hardening requires) only adds these flags, keeping a host
+	// mount's own noexec and the like.
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
+	if err := unix.MountSetattr(unix.AT_FDCWD, dst, unix.AT_RECURSIVE|unix.AT_SYMLINK_NOFOLLOW, &attr); err != nil {
+		return fmt.Errorf("make %s and the mounts below it read-only: %w", p, err)
 	}
 	return nil
 }
