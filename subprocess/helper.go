@@ -79,6 +79,7 @@ type rlimit struct {
 type lockSpec struct {
 	ReadOnly  []string `json:"ro"`  // directories: read and execute
 	ReadFiles []string `json:"rof"` // single files: read
+	ExecFiles []string `json:"xf"`  // single files: read and execute
 	RWFiles   []string `json:"rwf"` // single files: read and write (/dev/null)
 	Work      string   `json:"work"`
 }
@@ -245,6 +246,7 @@ func restrictLandlock(l *lockSpec) error {
 	rules := []landlock.Rule{
 		landlock.RODirs(l.ReadOnly...).IgnoreIfMissing(),
 		landlock.ROFiles(l.ReadFiles...).IgnoreIfMissing(),
+		landlock.PathAccess(llsys.AccessFSExecute|llsys.AccessFSReadFile, l.ExecFiles...).IgnoreIfMissing(),
 		landlock.RWFiles(l.RWFiles...).IgnoreIfMissing(),
 		landlock.PathAccess(workAccess, l.Work),
 	}

@@ -57,6 +57,11 @@ func enterRoot(r *rootSpec) error {
 	if r.Mount == "" || r.Work == "" {
 		return errors.New("incomplete root spec")
 	}
+	// The helper's UTS namespace (warm.go) starts as a copy of the host's:
+	// the host's name is not the run's business.
+	if err := unix.Sethostname([]byte("moat")); err != nil {
+		return fmt.Errorf("set the run's host name: %w", err)
+	}
 	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
 		return fmt.Errorf("unshare mount namespace: %w", err)
 	}

@@ -12,6 +12,7 @@
 //     /tmp, other runs, host processes) exists for the code by any name;
 //   - a network namespace of its own with only a loopback that is down: no
 //     host interface, address or route, and abstract unix names of its own;
+//     and a UTS namespace named "moat", not the host;
 //   - a per-run cgroup (v2, or the v1 memory and pids hierarchies) for the
 //     memory and process limits;
 //   - a dedicated unprivileged uid and gid from a configurable range, so that
@@ -24,8 +25,10 @@
 //     signals scoped to the sandbox, where the kernel's ABI has them) and a
 //     seccomp filter that refuses socket() of every family (AF_UNIX too: a
 //     unix socket reaches the host's socket files by path), keeping only
-//     socketpair(AF_UNIX), refuses bind, connect, listen and accept (which
-//     could only re-aim a socketpair end), and the dangerous system calls;
+//     socketpair(AF_UNIX) of the stream and seqpacket types (a datagram end
+//     takes a destination with every sendto and sendmsg), refuses bind,
+//     connect, listen and accept (which could only re-aim a socketpair end),
+//     and the dangerous system calls;
 //   - an empty environment (PATH, HOME, LANG only) and stdin from /dev/null.
 //
 // If any of these cannot be applied, [New] and [Sandbox.Run] return an error
@@ -57,7 +60,9 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -165,7 +170,8 @@ type Sandbox struct {
 	owner     string
 	ownersDir string
 	cg        *cgroup.Manager // strict only
-	prefix    []string        // strict only: the interpreter's own tree, if outside readOnlyDirs
+	pyDirs    []string        // strict only: the interpreter's library dirs outside readOnlyDirs
+	pyFiles   []string        // strict only: its binary and shared library outside readOnlyDirs
 	rootDir   string          // strict only: where the helpers mount the runs' roots
 	uids      *uidpool.Pool   // strict only
 	notes     []string
@@ -341,8 +347,8 @@ func prepare(cfg Config) (*Sandbox, error) {
 	if err := othersCanExecute(s.python); err != nil {
 		return nil, unavailable("the sandbox uids cannot run "+s.python, "install python3 from the system's packages or set python to an interpreter outside private home directories", err)
 	}
-	if s.prefix, err = pythonPrefix(s.python, runDir); err != nil {
-		return nil, unavailable("the interpreter's prefix is too broad to open to the code", "install python3 under a prefix of its own (PREFIX/bin/python3, such as /opt/python3.11/bin/python3)", err)
+	if s.pyDirs, s.pyFiles, err = pythonTree(s.python, runDir); err != nil {
+		return nil, unavailable("the interpreter's own files cannot be opened to the code alone", "install python3 under a prefix of its own (PREFIX/bin/python3, such as /opt/python3.11/bin/python3)", err)
 	}
 	// The mount point of the runs' own roots (root.go): mounted over in
 	// the helpers' private mount namespaces only.
@@ -597,7 +603,7 @@ func (s *Sandbox) runSpec(dir string, uid, gid int, group *cgroup.Group, args []
 	sp.Rlimits = append(sp.Rlimits, rlimit{unix.RLIMIT_NPROC, uint64(lim.Pids), uint64(lim.Pids)})
 	sp.NoNewPrivs = true
 	sp.Seccomp = true
-	ro := append(append([]string{}, readOnlyDirs...), s.prefix...)
+	ro := append(append([]string{}, readOnlyDirs...), s.pyDirs...)
 	sp.Root = &rootSpec{Mount: s.rootDir, ReadOnly: ro, Devices: rwFiles, Work: dir}
 	for _, f := range readOnlyFiles {
 		if strings.HasPrefix(f, "/dev/") {
@@ -606,9 +612,11 @@ func (s *Sandbox) runSpec(dir string, uid, gid int, group *cgroup.Group, args []
 			sp.Root.ReadOnly = append(sp.Root.ReadOnly, f)
 		}
 	}
+	sp.Root.ReadOnly = append(sp.Root.ReadOnly, s.pyFiles...)
 	sp.Landlock = &lockSpec{
 		ReadOnly:  ro,
 		ReadFiles: readOnlyFiles,
+		ExecFiles: s.pyFiles,
 		RWFiles:   rwFiles,
 		Work:      dir,
 	}
@@ -629,33 +637,71 @@ func mountWorkDir(dir string, disk moat.Bytes, uid, gid int) error {
 	return nil
 }
 
-// pythonPrefix returns the installation prefix of an interpreter that lives
-// outside the standard read-only directories (bin/python3 under it), which
-// the code must be able to read for python3 to load its standard library.
-// A prefix that would open more than the interpreter's own tree (/, a
-// top-level directory such as /opt or /home, or one that holds moat's run
-// directory) is refused: the interpreter must live in a directory of its
-// own.
-func pythonPrefix(python, runDir string) ([]string, error) {
+// pythonTree returns what of an interpreter that lives outside the
+// standard read-only directories the code must be able to read for
+// python3 to start: its real binary and shared library (files) and its
+// standard library directories, as the interpreter itself reports them.
+// Only those are opened to the code, never the prefix they share (a home
+// directory, /opt): a directory that would open more than the interpreter's
+// own tree (/, a top-level directory, one that holds moat's run directory)
+// is refused.
+func pythonTree(python, runDir string) (dirs, files []string, err error) {
 	real, err := filepath.EvalSymlinks(python)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	for _, d := range readOnlyDirs {
-		if strings.HasPrefix(real, d+"/") {
-			return nil, nil
+	inSystem := func(p string) bool {
+		for _, d := range readOnlyDirs {
+			if p == d || strings.HasPrefix(p, d+"/") {
+				return true
+			}
+		}
+		return false
+	}
+	if inSystem(real) {
+		return nil, nil, nil
+	}
+	files = append(files, real)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// -I -S: nothing of the environment, the user's site or a .pth file.
+	cmd := exec.CommandContext(ctx, real, "-I", "-S", "-c", `import json, sysconfig
+v = sysconfig.get_config_var
+print(json.dumps([sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib"), v("LIBDIR") or "", v("LDLIBRARY") or ""]))`)
+	cmd.Env = []string{}
+	cmd.Dir = "/"
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, nil, fmt.Errorf("ask %s for its library directories: %w", real, err)
+	}
+	var paths [4]string
+	if err := json.Unmarshal(out, &paths); err != nil {
+		return nil, nil, fmt.Errorf("%s reported %q: %w", real, out, err)
+	}
+	if paths[2] != "" && paths[3] != "" && !strings.Contains(paths[3], "/") {
+		if lib, err := filepath.EvalSymlinks(filepath.Join(paths[2], paths[3])); err == nil && !inSystem(lib) {
+			files = append(files, lib)
 		}
 	}
-	prefix := filepath.Dir(filepath.Dir(real))
-	if prefix == "/" || filepath.Dir(prefix) == "/" {
-		return nil, fmt.Errorf("%s would need all of %s readable", real, prefix)
-	}
-	for _, d := range []string{runDir, "/run/moat"} {
-		if d == prefix || strings.HasPrefix(d, prefix+"/") {
-			return nil, fmt.Errorf("%s would make moat's directory %s readable", real, d)
+	for _, d := range paths[:2] {
+		if d == "" {
+			continue
 		}
+		d, err := filepath.EvalSymlinks(d)
+		if err != nil || inSystem(d) || slices.Contains(dirs, d) {
+			continue
+		}
+		if !filepath.IsAbs(d) || d == "/" || filepath.Dir(d) == "/" {
+			return nil, nil, fmt.Errorf("%s's library directory %s would open too much", real, d)
+		}
+		for _, m := range []string{runDir, "/run/moat"} {
+			if m == d || strings.HasPrefix(m, d+"/") {
+				return nil, nil, fmt.Errorf("%s's library directory %s would open moat's directory %s", real, d, m)
+			}
+		}
+		dirs = append(dirs, d)
 	}
-	return []string{prefix}, nil
+	return dirs, files, nil
 }
 
 // exec hands the spec to a helper and waits for the run to end.

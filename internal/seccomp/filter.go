@@ -171,11 +171,21 @@ func program() ([]bpf.Instruction, error) {
 	b.emit(bpf.LoadAbsolute{Off: argLow(0), Size: 4})
 	b.jumpIf(bpf.JumpEqual, unix.AF_UNIX, lblEPERM, lblEAFNOSUP)
 
-	// socketpair(int family, ...): a connected pair reaches nothing but
-	// itself, so AF_UNIX pairs stay (asyncio, multiprocessing use them).
+	// socketpair(int family, int type, ...): a connected stream or
+	// seqpacket pair reaches nothing but itself, so AF_UNIX pairs of those
+	// types stay (asyncio, multiprocessing use them). A datagram end takes
+	// a destination with every sendto and sendmsg (msg_name, which the
+	// filter cannot see), so datagram pairs are refused.
 	b.mark(lblSocketpair)
 	b.emit(bpf.LoadAbsolute{Off: argLow(0), Size: 4})
-	b.jumpIf(bpf.JumpEqual, unix.AF_UNIX, lblAllow, lblEAFNOSUP)
+	b.jumpIf(bpf.JumpEqual, unix.AF_UNIX, next, lblEAFNOSUP)
+	b.emit(bpf.LoadAbsolute{Off: argLow(1), Size: 4})
+	for _, typ := range []uint32{unix.SOCK_STREAM, unix.SOCK_SEQPACKET} {
+		for _, flags := range []uint32{0, unix.SOCK_NONBLOCK, unix.SOCK_CLOEXEC, unix.SOCK_NONBLOCK | unix.SOCK_CLOEXEC} {
+			b.jumpIf(bpf.JumpEqual, typ|flags, lblAllow, next)
+		}
+	}
+	b.emit(bpf.RetConstant{Val: retErrno(unix.EPERM)})
 
 	// clone(unsigned long flags, ...): the kernel uses lower_32_bits(flags).
 	// The flags are the first argument on both supported architectures.

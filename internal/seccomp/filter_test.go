@@ -220,6 +220,12 @@ func TestFilterActions(t *testing.T) {
 		{"socket AF_INET in the high half", native(unix.SYS_SOCKET, unix.AF_INET<<32|unix.AF_UNIX), actEPERM},
 		{"socketpair AF_UNIX", native(unix.SYS_SOCKETPAIR, unix.AF_UNIX, unix.SOCK_STREAM), actAllow},
 		{"socketpair AF_INET", native(unix.SYS_SOCKETPAIR, unix.AF_INET, unix.SOCK_STREAM), actEAFNOSUP},
+		{"socketpair AF_UNIX seqpacket cloexec", native(unix.SYS_SOCKETPAIR, unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC), actAllow},
+		{"socketpair AF_UNIX stream nonblock cloexec", native(unix.SYS_SOCKETPAIR, unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC), actAllow},
+		{"socketpair AF_UNIX datagram", native(unix.SYS_SOCKETPAIR, unix.AF_UNIX, unix.SOCK_DGRAM), actEPERM},
+		{"socketpair AF_UNIX datagram cloexec", native(unix.SYS_SOCKETPAIR, unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC), actEPERM},
+		{"socketpair AF_UNIX raw", native(unix.SYS_SOCKETPAIR, unix.AF_UNIX, unix.SOCK_RAW), actEPERM},
+		{"socketpair AF_UNIX stream, high bits", native(unix.SYS_SOCKETPAIR, unix.AF_UNIX, unix.SOCK_STREAM|1<<20), actEPERM},
 
 		{"clone fork", native(unix.SYS_CLONE, sigchld), actAllow},
 		{"clone vfork", native(unix.SYS_CLONE, unix.CLONE_VM|unix.CLONE_VFORK|sigchld), actAllow},
