@@ -427,19 +427,27 @@ func (s *Sandbox) run(ctx context.Context, p *prepared, req moat.Request) (*moat
 		killOnce sync.Once
 		killedBy moat.Reason
 		killMu   sync.Mutex
+		killing  sync.WaitGroup
 	)
+	// kill records why and asks the engine to kill the container without
+	// waiting for it: the engine's kill waits for the container's exit,
+	// which waits for its output to be drained, and the output cap calls
+	// kill from the goroutine that drains it.
 	kill := func(why moat.Reason) {
 		killOnce.Do(func() {
 			killMu.Lock()
 			killedBy = why
 			killMu.Unlock()
-			kctx, cancel := context.WithTimeout(context.Background(), removeTimeout)
-			defer cancel()
-			if err := s.cli.ContainerKill(kctx, id, "KILL"); err != nil && !cerrdefs.IsConflict(err) && !cerrdefs.IsNotFound(err) {
-				s.log.Warn("container: kill", "id", shortID(id), "err", err)
-			}
+			killing.Go(func() {
+				kctx, cancel := context.WithTimeout(context.Background(), removeTimeout)
+				defer cancel()
+				if err := s.cli.ContainerKill(kctx, id, "KILL"); err != nil && !cerrdefs.IsConflict(err) && !cerrdefs.IsNotFound(err) {
+					s.log.Warn("container: kill", "id", shortID(id), "err", err)
+				}
+			})
 		})
 	}
+	defer killing.Wait()
 
 	// The first byte past the output cap ends the run, as the wall timer
 	// does: nothing past the cap is passed on.
