@@ -237,7 +237,7 @@ func Check(ctx context.Context, cfg Config) moat.Availability {
 		a.Details = append(a.Details, fmt.Sprintf("seccomp profile: %s, passed with every container (%s)", prof, prof.digest))
 	}
 	a.Details = append(a.Details, fmt.Sprintf("uids: %d-%d, one per container, leased in %s", cfg.UIDFirst, cfg.UIDFirst+cfg.UIDCount-1, uidLockDir()))
-	st := image.GetStatus(ctx, image.Config{})
+	st := image.GetStatus(image.Config{})
 	if st.Exists {
 		a.Details = append(a.Details, fmt.Sprintf("rootfs: %s, built %s ago (%s), %.1f MiB", st.Path, st.Age, st.BuiltAt.Format(time.RFC3339), float64(st.Size)/(1<<20)))
 	} else {

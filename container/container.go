@@ -66,6 +66,13 @@
 // kmsg.go; it needs root) and the pids cgroup's event counter; filesize and
 // disk, from the run's tmpfs mounts, which moat holds open while the run ends
 // (see watch).
+//
+// The image is the root filesystem that package image builds, imported
+// into the engine by ImportImage (which `moat image build` calls) under
+// image.Config.Tag and labelled with its key (ImageLabel); InspectImage
+// says whether the engine holds it. Package image itself talks to no
+// engine, so that the levels that read the root filesystem directly link
+// no Docker package.
 package container
 
 import (

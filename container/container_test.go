@@ -85,13 +85,17 @@ func prepareEngine() error {
 	if _, err := cli.Ping(pctx); err != nil {
 		return fmt.Errorf("no Docker engine answers: %w", err)
 	}
-	if st := image.GetStatus(ctx, image.Config{}); st.InDocker {
-		return nil
+	if st, err := moatcontainer.InspectImage(ctx, image.Config{}); err != nil || st.Present {
+		return err
 	}
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("the image %s is not built and building it needs root", image.Config{}.Tag())
 	}
-	_, err = image.Build(ctx, image.Config{Progress: os.Stderr})
+	cfg := image.Config{Progress: os.Stderr}
+	if _, _, err := image.BuildRootFS(ctx, cfg); err != nil {
+		return err
+	}
+	_, err = moatcontainer.ImportImage(ctx, cfg)
 	return err
 }
 

@@ -21,49 +21,6 @@ import (
 
 var jsonUnmarshal = json.Unmarshal
 
-// Result says what a Build did.
-type Result struct {
-	Record   Record `json:"record"`
-	Path     string `json:"path"`
-	Tag      string `json:"tag,omitempty"`      // the Docker image, when imported
-	ImageID  string `json:"image_id,omitempty"` // its Docker ID
-	Cached   bool   `json:"cached"`             // the root filesystem was already built
-	Imported bool   `json:"imported"`           // the Docker image was (re)imported now
-	Docker   string `json:"docker,omitempty"`   // why the Docker step was skipped, if it was
-}
-
-// Build makes the root filesystem for cfg unless it is already built, then
-// imports it into Docker unless the image is already there. It needs root
-// (debootstrap does) unless everything is cached. When no Docker engine
-// answers, Build still makes the root filesystem and says in Result.Docker
-// that it skipped the import; any other Docker failure is an error.
-func Build(ctx context.Context, cfg Config) (*Result, error) {
-	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	p := progress{w: cfg.Progress}
-	rec, cached, err := BuildRootFS(ctx, cfg)
-	if err != nil {
-		return nil, err
-	}
-	res := &Result{Record: *rec, Path: Path(cfg), Cached: cached}
-
-	cli, err := dockerClient(ctx)
-	if err != nil {
-		res.Docker = err.Error()
-		p.say("docker: %v; the root filesystem is built, the Docker image is not", err)
-		return res, nil
-	}
-	defer cli.Close()
-	id, imported, err := importImage(ctx, cli, cfg, p)
-	if err != nil {
-		return res, err
-	}
-	res.Tag, res.ImageID, res.Imported = cfg.Tag(), id, imported
-	return res, nil
-}
-
 // BuildRootFS makes the root filesystem for cfg at [Path] unless it is
 // already there, and returns its record and whether it was cached.
 // Concurrent builds of one key, in this process or others, wait for each

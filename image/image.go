@@ -1,7 +1,9 @@
 // Package image builds the sandbox root filesystem that every isolation level
 // above subprocess shares: a minimal Debian with python3, made from Debian's
-// packages with debootstrap (no container registry involved), kept in moat's
-// state directory and imported into Docker as a tagged image.
+// packages with debootstrap (no container registry involved) and kept in
+// moat's state directory. Package image only builds and describes it; it
+// talks to no engine and links no Docker package (deps_test.go checks that,
+// for gvisor and microvm too).
 //
 // The root filesystem is content-addressed: its key is a hash of everything
 // that decides what goes into it (the recipe version, the suite, the package
@@ -12,10 +14,11 @@
 // removed, and the build fails if /root or /home hold anything or a key file
 // is found.
 //
-// Consumers: the container level uses the Docker image ([Config.Tag]); the
-// gvisor and microvm levels read the directory at [Path] and must treat it
-// as read-only, giving each run its own view (an overlay, a copy, a disk
-// image made from it).
+// Consumers: the container level imports it into Docker under
+// [Config.Tag] (container.ImportImage, which `moat image build` calls after
+// [BuildRootFS]) and runs that image; the gvisor and microvm levels read
+// the directory at [Path] and must treat it as read-only, giving each run
+// its own view (an overlay, a copy, a disk image made from it).
 //
 // Layout of the state directory:
 //
@@ -47,7 +50,8 @@ import (
 // that every key changes and images are rebuilt.
 const RecipeVersion = "1"
 
-// DefaultRepository is the Docker repository the image is imported as.
+// DefaultRepository is the Docker repository the container level imports
+// the root filesystem into.
 const DefaultRepository = "moat-sandbox"
 
 // Python is the interpreter's path inside the image.
@@ -77,8 +81,8 @@ type Config struct {
 	// means "moat-sandbox"; the tag is the key's first 12 hex digits.
 	Repository string `json:"repository,omitempty"`
 
-	// Force rebuilds the root filesystem and re-imports it even when it is
-	// cached.
+	// Force rebuilds the root filesystem even when it is cached, and makes
+	// container.ImportImage re-import it even when the engine has it.
 	Force bool `json:"-"`
 	// Progress receives one line per step of the build. Nil means discard.
 	Progress io.Writer `json:"-"`

@@ -1,11 +1,9 @@
 package image
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
 	"errors"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -156,54 +154,11 @@ func TestRecipeDropsHostFiles(t *testing.T) {
 	}
 }
 
-func TestWriteTar(t *testing.T) {
-	root := t.TempDir()
-	os.MkdirAll(filepath.Join(root, "usr/bin"), 0o755)
-	os.MkdirAll(filepath.Join(root, "dev/pts"), 0o755)
-	os.WriteFile(filepath.Join(root, "dev/null-ish"), []byte("no"), 0o644)
-	os.WriteFile(filepath.Join(root, "usr/bin/a"), []byte("hello"), 0o755)
-	os.Link(filepath.Join(root, "usr/bin/a"), filepath.Join(root, "usr/bin/b"))
-	os.Symlink("a", filepath.Join(root, "usr/bin/c"))
-	var buf bytes.Buffer
-	if err := writeTar(&buf, root); err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]*tar.Header{}
-	tr := tar.NewReader(&buf)
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		got[h.Name] = h
-		if h.Name == "usr/bin/a" {
-			if b, _ := io.ReadAll(tr); string(b) != "hello" {
-				t.Errorf("usr/bin/a holds %q", b)
-			}
-		}
-	}
-	if h := got["usr/bin/a"]; h == nil || h.Mode&0o777 != 0o755 || h.Uname != "" {
-		t.Errorf("usr/bin/a: %+v", h)
-	}
-	if h := got["usr/bin/b"]; h == nil || h.Typeflag != tar.TypeLink || h.Linkname != "usr/bin/a" {
-		t.Errorf("usr/bin/b is not a hard link to usr/bin/a: %+v", h)
-	}
-	if h := got["usr/bin/c"]; h == nil || h.Typeflag != tar.TypeSymlink || h.Linkname != "a" {
-		t.Errorf("usr/bin/c is not a symlink to a: %+v", h)
-	}
-	if got["dev/"] == nil || got["dev/null-ish"] != nil || got["dev/pts/"] != nil {
-		t.Errorf("/dev should be in the tar, empty: %v", got)
-	}
-}
-
 // TestBuildCached checks that a build whose root filesystem is there does
 // nothing and says so, without root and without debootstrap.
 func TestBuildCached(t *testing.T) {
 	cfg := Config{StateDir: t.TempDir(), Mirror: "http://m/debian"}
-	if st := GetStatus(context.Background(), cfg); st.Exists {
+	if st := GetStatus(cfg); st.Exists {
 		t.Fatalf("status of an empty state dir: %+v", st)
 	}
 	if err := os.MkdirAll(Path(cfg), 0o755); err != nil {
@@ -222,7 +177,7 @@ func TestBuildCached(t *testing.T) {
 	if !strings.Contains(progress.String(), "nothing to do") {
 		t.Errorf("a cached build does not say so: %q", progress.String())
 	}
-	st := GetStatus(context.Background(), cfg)
+	st := GetStatus(cfg)
 	if !st.Exists || st.Size != 1234 || st.BuiltAt.IsZero() {
 		t.Errorf("status of a built key: %+v", st)
 	}

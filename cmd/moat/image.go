@@ -3,11 +3,14 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"time"
 
+	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/container"
 	"github.com/moatsandbox/moat/image"
 )
 
@@ -70,6 +73,53 @@ func imageFlags(name string, args []string, stdio Stdio, force *bool) (cfg image
 	return cfg, *js, 0, true
 }
 
+// buildResult is what `moat image build` did; --json prints it.
+type buildResult struct {
+	Record   image.Record `json:"record"`
+	Path     string       `json:"path"`
+	Tag      string       `json:"tag,omitempty"`      // the Docker image, when imported
+	ImageID  string       `json:"image_id,omitempty"` // its Docker ID
+	Cached   bool         `json:"cached"`             // the root filesystem was already built
+	Imported bool         `json:"imported"`           // the Docker image was (re)imported now
+	Docker   string       `json:"docker,omitempty"`   // why the Docker step was skipped, if it was
+}
+
+// buildImage makes the root filesystem for cfg unless it is already built,
+// then has the container level import it into Docker unless the engine
+// holds it already. When no Docker engine answers, the root filesystem is
+// still made and Docker says why the import was skipped (the gvisor and
+// microvm levels need no Docker); any other Docker failure is an error.
+func buildImage(ctx context.Context, cfg image.Config) (*buildResult, error) {
+	rec, cached, err := image.BuildRootFS(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	res := &buildResult{Record: *rec, Path: image.Path(cfg), Cached: cached}
+	d, err := container.ImportImage(ctx, cfg)
+	if errors.Is(err, moat.ErrUnavailable) {
+		res.Docker = err.Error()
+		if cfg.Progress != nil {
+			fmt.Fprintf(cfg.Progress, "image: docker: %v; the root filesystem is built, the Docker image is not\n", err)
+		}
+		return res, nil
+	}
+	if err != nil {
+		return res, err
+	}
+	res.Tag, res.ImageID, res.Imported = d.Tag, d.ID, d.Imported
+	return res, nil
+}
+
+// imageStatus is what `moat image status` reports: the root filesystem,
+// and whether the Docker engine holds its image (Docker says why the
+// engine could not be asked, if it could not).
+type imageStatus struct {
+	image.Status
+	InDocker bool   `json:"in_docker"`
+	DockerID string `json:"docker_id,omitempty"`
+	Docker   string `json:"docker,omitempty"`
+}
+
 func cmdImageBuild(ctx context.Context, args []string, stdio Stdio) int {
 	var force bool
 	cfg, asJSON, code, ok := imageFlags("build", args, stdio, &force)
@@ -82,7 +132,7 @@ func cmdImageBuild(ctx context.Context, args []string, stdio Stdio) int {
 		cfg.Progress = stdio.Err
 	}
 	start := time.Now()
-	res, err := image.Build(ctx, cfg)
+	res, err := buildImage(ctx, cfg)
 	if err != nil {
 		return exitFor(stdio, err)
 	}
@@ -107,7 +157,12 @@ func cmdImageStatus(ctx context.Context, args []string, stdio Stdio) int {
 	if !ok {
 		return code
 	}
-	st := image.GetStatus(ctx, cfg)
+	st := imageStatus{Status: image.GetStatus(cfg)}
+	if d, err := container.InspectImage(ctx, cfg); err != nil {
+		st.Docker = err.Error()
+	} else {
+		st.InDocker, st.DockerID = d.Present, d.ID
+	}
 	if asJSON {
 		return printJSON(stdio, st)
 	}
