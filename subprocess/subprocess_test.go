@@ -94,6 +94,7 @@ func TestStrictIsolation(t *testing.T) {
 		{"no inet6 socket", "import socket\ntry:\n  socket.socket(socket.AF_INET6); print('socket')\nexcept OSError as e: print(e.errno)", "97"},
 		{"unix socket allowed", "import socket; s=socket.socketpair(); s[0].send(b'ok'); print(s[1].recv(2).decode())", "ok"},
 		{"no ptrace", "import ctypes; libc=ctypes.CDLL(None, use_errno=True); print(libc.ptrace(0,0,0,0), ctypes.get_errno())", "-1 1"},
+		{"no memfd_secret", "import ctypes; libc=ctypes.CDLL(None, use_errno=True); print(libc.syscall(447, 0), ctypes.get_errno())", "-1 1"},
 		{"no new user namespace", "import ctypes; libc=ctypes.CDLL(None, use_errno=True); print(libc.unshare(0x10000000), ctypes.get_errno())", "-1 1"},
 		{"no_new_privs", "import ctypes; libc=ctypes.CDLL(None); print(libc.prctl(39,0,0,0,0))", "1"},
 		{"no exec from workdir", "import os, shutil, subprocess\nshutil.copy('/bin/true', 't'); os.chmod('t', 0o755)\ntry:\n  subprocess.run(['./t']); print('ran')\nexcept PermissionError: print('denied')", "denied"},

@@ -55,6 +55,7 @@ var deniedCommon = []uint32{
 	unix.SYS_BPF,
 	unix.SYS_PERF_EVENT_OPEN,
 	unix.SYS_USERFAULTFD,
+	unix.SYS_MEMFD_SECRET, // memory even the kernel does not map: hides what the code holds
 	unix.SYS_IO_URING_SETUP,
 	unix.SYS_IO_URING_ENTER,
 	unix.SYS_IO_URING_REGISTER,
