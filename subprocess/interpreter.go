@@ -494,6 +494,10 @@ func (ss *Session) runInterpreter(ctx context.Context, req moat.Request) (*moat.
 	start := time.Now()
 	runCtx, cancel := context.WithTimeout(ctx, time.Duration(lim.WallTime))
 	defer cancel()
+	// The session's files at the size limit, taken while the interpreter
+	// is frozen or not yet started: the run's verdict counts only those it
+	// writes (see run.fileAtLimit).
+	probe := &run{dir: ss.dir, mounted: ss.mounted, start: start, atStart: filesAtLimit(ss.dir, int64(lim.FileSize))}
 
 	in := ss.interp
 	if in != nil && in.dead {
@@ -702,7 +706,6 @@ func (ss *Session) runInterpreter(ctx context.Context, req moat.Request) (*moat.
 		in.kill()
 		res.ExitCode, res.Signal, signaled = 128+int(syscall.SIGKILL), unix.SignalName(syscall.SIGKILL), true
 	}
-	probe := &run{dir: ss.dir, mounted: ss.mounted}
 	switch {
 	case !gotExit && killedByUs.Load() && ctx.Err() != nil:
 		res.Reason = moat.ReasonCanceled

@@ -263,6 +263,9 @@ func (ss *Session) runOnce(ctx context.Context, r *run) (*moat.Result, error) {
 		}
 		return nil, fmt.Errorf("subprocess: %w", err)
 	}
+	// What the directory holds at the size limit now, the code file
+	// included, is not this run's doing (see run.fileAtLimit).
+	r.atStart = filesAtLimit(ss.dir, int64(lim.FileSize))
 	defer func() {
 		if root, err := os.OpenRoot(ss.dir); err == nil {
 			root.Remove(codeName)

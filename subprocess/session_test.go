@@ -609,16 +609,32 @@ func TestSessionClose(t *testing.T) {
 }
 
 // TestSessionFileAtLimitIsOnlyItsRunsReason: a file that reached the size
-// limit in one run is that run's reason, not every later run's.
+// limit in one run is that run's reason, not every later run's, in a session
+// with and without a live interpreter, whether the run wrote the file to
+// exactly the limit or tried to write past it. The first run's write comes
+// within a millisecond of its start, well inside one tick of the coarse clock
+// that stamps the file: the verdict must not hang on the host's clock.
 func TestSessionFileAtLimitIsOnlyItsRunsReason(t *testing.T) {
-	_, s := newSession(t, moat.Limits{FileSize: moat.MiB}, moat.SessionOptions{})
-	res := srun(t, s, "try:\n  open('big','wb').write(b'x' * (2 << 20))\nexcept OSError as e: print(e.errno)")
-	if res.Reason != moat.ReasonFileSize {
-		t.Fatalf("first run: reason %q, want filesize", res.Reason)
-	}
-	res = srun(t, s, "import os; print(os.path.getsize('big'))")
-	if res.Reason != "" || out(res) != "1048576" {
-		t.Errorf("second run: reason %q, stdout %q; want no reason and the 1 MiB file still there", res.Reason, out(res))
+	for _, interp := range []bool{false, true} {
+		for _, tc := range []struct{ name, code string }{
+			{"exactly", "open('big','wb').write(b'x' * (1 << 20))"},
+			{"past", "try:\n  open('big','wb').write(b'x' * (2 << 20))\nexcept OSError as e: print(e.errno)"},
+		} {
+			t.Run(fmt.Sprintf("interpreter=%v/%s", interp, tc.name), func(t *testing.T) {
+				_, s := newSession(t, moat.Limits{FileSize: moat.MiB}, moat.SessionOptions{Interpreter: interp})
+				for i := range 3 {
+					// Every time: a later run rewriting the file at the
+					// limit has reached it again.
+					if res := srun(t, s, tc.code); res.Reason != moat.ReasonFileSize {
+						t.Fatalf("run %d writing the file: reason %q, want filesize (stderr %s)", 2*i+1, res.Reason, res.Stderr)
+					}
+					res := srun(t, s, "import os; print('hi', os.path.getsize('big'))")
+					if res.Reason != "" || out(res) != "hi 1048576" {
+						t.Errorf("run %d: reason %q, stdout %q; want no reason and the 1 MiB file still there", 2*i+2, res.Reason, out(res))
+					}
+				}
+			})
+		}
 	}
 }
 
@@ -694,5 +710,23 @@ func TestInterpreterOutputCapEndsTheRun(t *testing.T) {
 			t.Errorf("after %q: %q %s reason %q (want a fresh interpreter with the files kept)", code, res.Stdout, res.Stderr, res.Reason)
 		}
 		srun(t, s, "x = 1")
+	}
+}
+
+// TestCodeFileIsNotAFileAtLimit: the file moat writes the code in is not the
+// run's: code as large as the file size limit is no reason filesize, in a
+// one-shot run and in a session's.
+func TestCodeFileIsNotAFileAtLimit(t *testing.T) {
+	code := "print('hi')\n#" + strings.Repeat("x", int(moat.MiB)) + "\n"
+	sb, s := newSession(t, moat.Limits{FileSize: moat.MiB}, moat.SessionOptions{})
+	res, err := sb.Run(context.Background(), moat.Request{Code: []byte(code)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Reason != "" || out(res) != "hi" {
+		t.Errorf("one-shot run of %d bytes of code: reason %q stdout %q stderr %s; want no reason", len(code), res.Reason, res.Stdout, res.Stderr)
+	}
+	if res := srun(t, s, code); res.Reason != "" || out(res) != "hi" {
+		t.Errorf("session run of %d bytes of code: reason %q stdout %q stderr %s; want no reason", len(code), res.Reason, res.Stdout, res.Stderr)
 	}
 }
