@@ -272,23 +272,54 @@ func TestInterpreterKeepsState(t *testing.T) {
 	}
 }
 
+// The notes say so: of the run that ended the interpreter, that it did and
+// why; of the next run, that it started a fresh one and why, so that a
+// NameError there is explained. Runs that keep the interpreter say nothing.
 func TestInterpreterTimeoutStartsAfresh(t *testing.T) {
 	_, s := newSession(t, moat.Limits{WallTime: moat.Duration(time.Second)}, moat.SessionOptions{Interpreter: true})
-	srun(t, s, "x = 1\nopen('kept','w').write('yes')")
-	res := srun(t, s, "import subprocess; subprocess.Popen(['sleep','100']); print('looping', flush=True)\nwhile True: pass")
+	res := srun(t, s, "x = 1\nopen('kept','w').write('yes')")
+	wantNotes(t, "the first run", res)
+	res = srun(t, s, "import subprocess; subprocess.Popen(['sleep','100']); print('looping', flush=True)\nwhile True: pass")
 	if res.Reason != moat.ReasonTimeout || out(res) != "looping" {
 		t.Errorf("loop: reason %q out %q", res.Reason, res.Stdout)
 	}
+	wantNotes(t, "the run that timed out", res, "interpreter ended by this run's timeout: the next run starts a fresh one")
 	res = srun(t, s, "print('x' in globals(), open('kept').read())")
 	if out(res) != "False yes" {
 		t.Errorf("after the timeout: %q %s (want a fresh interpreter with the files kept)", res.Stdout, res.Stderr)
 	}
+	wantNotes(t, "the run after the timeout", res, "interpreter restarted: the previous one was ended by its run's timeout; variables from earlier runs are gone")
+	res = srun(t, s, "y = 1")
+	wantNotes(t, "the second run of the fresh interpreter", res)
 	// os._exit ends the interpreter too: its status is the run's.
-	if res := srun(t, s, "import os; os._exit(7)"); res.ExitCode != 7 {
+	res = srun(t, s, "import os; os._exit(7)")
+	if res.ExitCode != 7 {
 		t.Errorf("os._exit(7): exit %d", res.ExitCode)
 	}
-	if res := srun(t, s, "print(2)"); out(res) != "2" {
+	wantNotes(t, "os._exit(7)", res, "interpreter ended by this run's code exiting it (status 7)")
+	res = srun(t, s, "print(2)")
+	if out(res) != "2" {
 		t.Errorf("after os._exit: %q %s", res.Stdout, res.Stderr)
+	}
+	wantNotes(t, "the run after os._exit(7)", res, "interpreter restarted: the previous one was ended by its run's code exiting it (status 7)")
+}
+
+// wantNotes checks that res's notes about the interpreter are as many as
+// want, each starting with its want, in order.
+func wantNotes(t *testing.T, what string, res *moat.Result, want ...string) {
+	t.Helper()
+	var got []string
+	for _, n := range res.Notes {
+		if strings.HasPrefix(n, "interpreter ") {
+			got = append(got, n)
+		}
+	}
+	ok := len(got) == len(want)
+	for i := 0; ok && i < len(want); i++ {
+		ok = strings.HasPrefix(got[i], want[i])
+	}
+	if !ok {
+		t.Errorf("%s: notes %q; want %d starting %q", what, got, len(want), want)
 	}
 }
 
@@ -441,6 +472,9 @@ func TestSessionCPUBudget(t *testing.T) {
 	if res.Reason != moat.ReasonTimeout {
 		t.Errorf("a run past the session's budget: reason %q, want timeout", res.Reason)
 	}
+	wantNotes(t, "the run past the budget", res,
+		"interpreter restarted: the previous one was ended by its run's code exiting it (status 0)",
+		"interpreter ended by this run's CPU time limit: the session's CPU budget is spent")
 	if res.Duration > time.Duration(lim.CPUTime)/2 {
 		t.Errorf("a run past a %v budget of which 1.2s was used ran %v, as if bounded by the %v per-run limit only", budget, res.Duration, time.Duration(lim.CPUTime))
 	}
@@ -706,9 +740,12 @@ func TestInterpreterOutputCapEndsTheRun(t *testing.T) {
 		if ratio := float64(elapsed) / float64(wall); ratio >= 0.5 {
 			t.Errorf("%q: Run took %v, %.2f of the %v wall time; want under 0.5", code, elapsed, ratio, wall)
 		}
-		if res := srun(t, s, "print('x' in globals(), open('kept').read())"); out(res) != "False yes" || res.Reason != "" {
+		wantNotes(t, code, res, "interpreter ended by this run's output cap")
+		res = srun(t, s, "print('x' in globals(), open('kept').read())")
+		if out(res) != "False yes" || res.Reason != "" {
 			t.Errorf("after %q: %q %s reason %q (want a fresh interpreter with the files kept)", code, res.Stdout, res.Stderr, res.Reason)
 		}
+		wantNotes(t, "after "+code, res, "interpreter restarted: the previous one was ended by its run's output cap")
 		srun(t, s, "x = 1")
 	}
 }
