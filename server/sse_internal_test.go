@@ -9,7 +9,7 @@ import (
 	"unicode/utf8"
 )
 
-func TestUTF8Cut(t *testing.T) {
+func TestSSEUTF8Cut(t *testing.T) {
 	for _, c := range []struct {
 		in   string
 		want int

@@ -750,10 +750,10 @@ func TestInterpreterOutputCapEndsTheRun(t *testing.T) {
 	}
 }
 
-// TestCodeFileIsNotAFileAtLimit: the file moat writes the code in is not the
+// TestSessionCodeFileIsNotAFileAtLimit: the file moat writes the code in is not the
 // run's: code as large as the file size limit is no reason filesize, in a
 // one-shot run and in a session's.
-func TestCodeFileIsNotAFileAtLimit(t *testing.T) {
+func TestSessionCodeFileIsNotAFileAtLimit(t *testing.T) {
 	code := "print('hi')\n#" + strings.Repeat("x", int(moat.MiB)) + "\n"
 	sb, s := newSession(t, moat.Limits{FileSize: moat.MiB}, moat.SessionOptions{})
 	res, err := sb.Run(context.Background(), moat.Request{Code: []byte(code)})
