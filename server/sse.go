@@ -3,9 +3,12 @@ package server
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
+	"unicode/utf8"
 )
 
 // maxEventBytes is the most output that chunks queued behind a slow client
@@ -25,6 +28,12 @@ const maxEventBytes = 64 << 10
 // until the run ends, so a client that stopped reading then is found out
 // only by the write of the final event.)
 //
+// Events carry text, and end between characters: where a write ends inside
+// a multi-byte UTF-8 character, its first bytes wait for the rest, in the
+// next write of that stream (see utf8Cut); none is sent as U+FFFD. When the
+// run ends, what is still held is sent as it is, so that bytes that are not
+// UTF-8 become U+FFFD as in the result. No event is empty.
+//
 // Only the writer's goroutine touches the ResponseWriter once newSSE has
 // returned; the handler must call wait before it returns.
 type sseWriter struct {
@@ -34,13 +43,14 @@ type sseWriter struct {
 	overflow func() // counts an overflow
 
 	mu      sync.Mutex
-	pending []chunk // output not sent yet, in order
-	size    int64   // bytes of output queued or being sent
-	behind  bool    // the client fell limit bytes behind: live output has stopped
-	told    bool    // the overflow event is sent or being sent
-	final   *chunk  // the last event, once the run has ended
-	closed  bool    // no event comes after final (nil when the handler gave up)
-	gone    bool    // a write failed
+	pending []chunk           // output not sent yet, in order, none empty
+	held    map[string][]byte // per stream, the start of a character its last write cut
+	size    int64             // bytes of output queued or being sent
+	behind  bool              // the client fell limit bytes behind: live output has stopped
+	told    bool              // the overflow event is sent or being sent
+	final   *chunk            // the last event, once the run has ended
+	closed  bool              // no event comes after final (nil when the handler gave up)
+	gone    bool              // a write failed
 	wake    chan struct{}
 	done    chan struct{} // closed when the writer's goroutine returns
 }
@@ -60,7 +70,7 @@ func newSSE(w http.ResponseWriter, limit int64, overflow func()) *sseWriter {
 	}
 	e := &sseWriter{
 		w: w, rc: http.NewResponseController(w), limit: limit, overflow: overflow,
-		wake: make(chan struct{}, 1), done: make(chan struct{}),
+		held: map[string][]byte{}, wake: make(chan struct{}, 1), done: make(chan struct{}),
 	}
 	go e.run()
 	return e
@@ -72,29 +82,66 @@ func (e *sseWriter) stream(name string) writerFunc {
 	return func(p []byte) (int, error) {
 		e.mu.Lock()
 		defer e.mu.Unlock()
-		switch {
-		case e.gone || e.behind || e.closed || len(p) == 0:
-		case e.size+int64(len(p)) > e.limit:
-			e.behind = true
-			e.overflow()
-			e.signal()
-		default:
-			e.size += int64(len(p))
-			if n := len(e.pending); n > 0 && e.pending[n-1].name == name && len(e.pending[n-1].data)+len(p) <= maxEventBytes {
-				e.pending[n-1].data = append(e.pending[n-1].data, p...)
-			} else {
-				e.pending = append(e.pending, chunk{name: name, data: append([]byte(nil), p...)})
-			}
-			e.signal()
+		if e.gone || e.behind || e.closed || len(p) == 0 {
+			return len(p), nil
 		}
+		data := p
+		if h := e.held[name]; len(h) > 0 {
+			data = append(h, p...)
+		}
+		cut := utf8Cut(data)
+		e.queue(name, data[:cut]) // copies: data may share held's array
+		e.held[name] = append(e.held[name][:0], data[cut:]...)
 		return len(p), nil
 	}
 }
 
-// finish queues the last event, a result or an error, after the output.
+// queue adds output of a stream to what is to be sent, or stops the live
+// output when the client is limit bytes behind. e.mu is held.
+func (e *sseWriter) queue(name string, p []byte) {
+	switch {
+	case len(p) == 0:
+	case e.size+int64(len(p)) > e.limit:
+		e.behind = true
+		e.overflow()
+		e.signal()
+	default:
+		e.size += int64(len(p))
+		if n := len(e.pending); n > 0 && e.pending[n-1].name == name && len(e.pending[n-1].data)+len(p) <= maxEventBytes {
+			e.pending[n-1].data = append(e.pending[n-1].data, p...)
+		} else {
+			e.pending = append(e.pending, chunk{name: name, data: append([]byte(nil), p...)})
+		}
+		e.signal()
+	}
+}
+
+// utf8Cut returns how much of p to send now: all of it, but for the first
+// bytes of a UTF-8 character that p ends inside, which wait for the rest. A
+// byte sequence that cannot become a character is not held.
+func utf8Cut(p []byte) int {
+	for i := len(p) - 1; i >= 0 && i >= len(p)-(utf8.UTFMax-1); i-- {
+		if utf8.RuneStart(p[i]) {
+			if !utf8.FullRune(p[i:]) {
+				return i
+			}
+			break
+		}
+	}
+	return len(p)
+}
+
+// finish queues the last event, a result or an error, after the output,
+// and before it what the streams still hold, as it is.
 func (e *sseWriter) finish(name string, v any) {
 	e.mu.Lock()
 	if !e.closed {
+		if !e.gone && !e.behind {
+			for _, s := range slices.Sorted(maps.Keys(e.held)) {
+				e.queue(s, e.held[s])
+			}
+		}
+		e.held = nil
 		e.final, e.closed = &chunk{name: name, v: v}, true
 	}
 	e.mu.Unlock()
@@ -144,6 +191,9 @@ func (e *sseWriter) run() {
 
 		var sent int64
 		for _, c := range batch {
+			if len(c.data) == 0 {
+				continue // never queued; an empty event would say nothing
+			}
 			if err = e.event(c.name, map[string]string{"data": strings.ToValidUTF8(string(c.data), "\uFFFD")}); err != nil {
 				break
 			}

@@ -13,6 +13,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -463,12 +464,16 @@ func (in *interpreter) close() time.Duration {
 }
 
 // endInterpreter kills the session's interpreter, if any, releases it and
-// adds the CPU time it used to the session's account. The caller holds the
-// session's turn.
-func (ss *Session) endInterpreter() {
+// adds the CPU time it used to the session's account. cause, if not empty,
+// says why it ended, for the notes of the run that starts the next one (see
+// Session.ended). The caller holds the session's turn.
+func (ss *Session) endInterpreter(cause string) {
 	in := ss.interp
 	if in == nil {
 		return
+	}
+	if cause != "" {
+		ss.ended = cause
 	}
 	in.kill()
 	ss.cpuUsed += in.close()
@@ -494,16 +499,24 @@ func (ss *Session) runInterpreter(ctx context.Context, req moat.Request) (*moat.
 	start := time.Now()
 	runCtx, cancel := context.WithTimeout(ctx, time.Duration(lim.WallTime))
 	defer cancel()
+	// The session's files at the size limit, taken while the interpreter
+	// is frozen or not yet started: the run's verdict counts only those it
+	// writes (see run.fileAtLimit).
+	probe := &run{dir: ss.dir, mounted: ss.mounted, start: start, atStart: filesAtLimit(ss.dir, int64(lim.FileSize))}
 
 	in := ss.interp
 	if in != nil && in.dead {
-		ss.endInterpreter()
+		ss.endInterpreter("a failure after %s run")
 		in = nil
 		if ss.cpuSpent {
 			return nil, ss.errCPUSpent()
 		}
 	}
+	// restart is why the previous interpreter ended, if this run starts
+	// its successor.
+	restart := ""
 	if in == nil {
+		restart = ss.ended
 		var err error
 		in, err = ss.startInterpreter()
 		if err != nil {
@@ -521,14 +534,14 @@ func (ss *Session) runInterpreter(ctx context.Context, req moat.Request) (*moat.
 				in.kill()
 				<-in.exited
 				st, _ := parseStatus(readStatus(in.status))
-				ss.endInterpreter()
+				ss.endInterpreter("")
 				if st.err != "" {
 					return nil, fmt.Errorf("subprocess: sandbox set-up failed, nothing ran: %s: %w", st.err, moat.ErrUnavailable)
 				}
 				return nil, fmt.Errorf("subprocess: the interpreter did not start: %s: %w", tail(startErr.Bytes(), 512), moat.ErrUnavailable)
 			}
 		case <-runCtx.Done():
-			ss.endInterpreter()
+			ss.endInterpreter("")
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
@@ -537,7 +550,7 @@ func (ss *Session) runInterpreter(ctx context.Context, req moat.Request) (*moat.
 	}
 	if in.frozen {
 		if err := in.group.Thaw(); err != nil {
-			ss.endInterpreter()
+			ss.endInterpreter("a failure to thaw it for %s run")
 			return nil, unavailable("cannot thaw the session's interpreter", "", err)
 		}
 		in.frozen = false
@@ -550,12 +563,12 @@ func (ss *Session) runInterpreter(ctx context.Context, req moat.Request) (*moat.
 	if in.group != nil {
 		used, err := in.cpu()
 		if err != nil {
-			ss.endInterpreter()
+			ss.endInterpreter("a failure to read its CPU account for %s run")
 			return nil, unavailable("cannot read the interpreter's CPU account", "", err)
 		}
 		left := s.sessionCPUTime() - ss.cpuUsed - used
 		if left <= 0 {
-			ss.endInterpreter()
+			ss.endInterpreter("the session's CPU budget, spent before %s run")
 			ss.cpuSpent = true
 			return nil, ss.errCPUSpent()
 		}
@@ -602,7 +615,7 @@ func (ss *Session) runInterpreter(ctx context.Context, req moat.Request) (*moat.
 	// A send that fails means the interpreter ended; the records say how.
 	in.send(nonce, req.Code)
 
-	exitCode, marked, gotExit, dropped := 0, "", false, 0
+	exitCode, marked, gotExit, dropped, redirected := 0, "", false, 0, false
 	for f := range in.frames {
 		if f.kind != 'X' {
 			continue
@@ -645,6 +658,7 @@ func (ss *Session) runInterpreter(ctx context.Context, req moat.Request) (*moat.
 			default:
 				// The code redirected or closed its stdout or stderr: the
 				// next run could not be told apart. Start afresh.
+				redirected = true
 				in.kill()
 			}
 		}
@@ -661,7 +675,7 @@ func (ss *Session) runInterpreter(ctx context.Context, req moat.Request) (*moat.
 	if !gotExit || events.OOMKill || events.PidsMax {
 		in.kill()
 	}
-	res := &moat.Result{Level: moat.LevelSubprocess, Notes: s.notes}
+	res := &moat.Result{Level: moat.LevelSubprocess, Notes: slices.Clip(s.notes)}
 	signaled := false
 	if gotExit {
 		res.ExitCode = exitCode
@@ -675,7 +689,7 @@ func (ss *Session) runInterpreter(ctx context.Context, req moat.Request) (*moat.
 		switch {
 		case reported && st.err != "":
 			unset()
-			ss.endInterpreter()
+			ss.endInterpreter("a failure of the sandbox set-up during %s run")
 			return nil, fmt.Errorf("subprocess: sandbox set-up failed: %s: %w", st.err, moat.ErrUnavailable)
 		case reported && st.exited:
 			res.ExitCode = st.code
@@ -702,7 +716,6 @@ func (ss *Session) runInterpreter(ctx context.Context, req moat.Request) (*moat.
 		in.kill()
 		res.ExitCode, res.Signal, signaled = 128+int(syscall.SIGKILL), unix.SignalName(syscall.SIGKILL), true
 	}
-	probe := &run{dir: ss.dir, mounted: ss.mounted}
 	switch {
 	case !gotExit && killedByUs.Load() && ctx.Err() != nil:
 		res.Reason = moat.ReasonCanceled
@@ -723,30 +736,78 @@ func (ss *Session) runInterpreter(ctx context.Context, req moat.Request) (*moat.
 	}
 	res.Duration = end.Sub(start)
 
-	ss.park(in)
+	// Say when the variables are gone: in the notes of the run that ended
+	// the interpreter, and of the run that started its successor.
+	if restart != "" {
+		res.Notes = append(res.Notes, "interpreter restarted: the previous one was ended by "+fmt.Sprintf(restart, "its")+"; variables from earlier runs are gone")
+		ss.ended = ""
+	}
+	cause := ""
+	switch {
+	case !in.dead:
+	case killedByUs.Load() && ctx.Err() != nil:
+		cause = "%s run's cancellation"
+	case killedByUs.Load():
+		cause = "%s run's timeout"
+	case cpuOver.Load():
+		cause = "%s run's CPU time limit"
+	case events.OOMKill:
+		cause = "%s run's memory limit"
+	case events.PidsMax:
+		cause = "%s run's process limit"
+	case res.Truncated:
+		cause = "%s run's output cap"
+	case redirected:
+		cause = "%s run's code redirecting or closing its stdout or stderr"
+	case !gotExit && signaled:
+		cause = "signal " + res.Signal + " during %s run"
+	case !gotExit:
+		cause = "%s run's code exiting it (status " + strconv.Itoa(res.ExitCode) + ")"
+	default:
+		cause = "a failure after %s run"
+	}
+	if c := ss.park(in); cause == "" {
+		cause = c
+	}
+	if cause != "" {
+		next := "the next run starts a fresh one, without the variables of this and earlier runs"
+		if ss.cpuSpent {
+			next = "the session's CPU budget is spent, later runs fail"
+		}
+		res.Notes = append(res.Notes, "interpreter ended by "+fmt.Sprintf(cause, "this")+": "+next)
+		ss.ended = cause
+	}
 	return res, nil
 }
 
 // park holds the interpreter still until the next run: frozen, or ended
-// when it is dead, cannot be frozen, or has spent the session's budget.
-func (ss *Session) park(in *interpreter) {
+// when it is dead, cannot be frozen, or has spent the session's budget. It
+// returns why it ended a live interpreter, or "".
+func (ss *Session) park(in *interpreter) (cause string) {
 	if !in.dead && in.group != nil {
 		if err := in.group.Freeze(); err != nil {
 			ss.s.log.Warn("subprocess: cannot freeze the interpreter; ending it", "session", ss.id, "err", err)
 			in.kill()
+			cause = "a failure to freeze it after %s run"
 		} else {
 			in.frozen = true
 		}
 	}
 	if !in.dead && in.group != nil {
-		if used, err := in.cpu(); err != nil || ss.cpuUsed+used >= ss.s.sessionCPUTime() {
+		if used, err := in.cpu(); err != nil {
 			in.kill()
 			ss.cpuSpent = true
+			cause = "a failure to read its CPU account after %s run"
+		} else if ss.cpuUsed+used >= ss.s.sessionCPUTime() {
+			in.kill()
+			ss.cpuSpent = true
+			cause = "the session's CPU budget, spent by %s run"
 		}
 	}
 	if in.dead {
-		ss.endInterpreter()
+		ss.endInterpreter("")
 	}
+	return cause
 }
 
 // readStatus reads what the helper reported, once it has exited.

@@ -57,6 +57,11 @@ import (
 //     limit, or writes past the output cap ends the interpreter (the wall
 //     timeout and the output cap kill its whole PID namespace); the next run
 //     starts a fresh one, with the files still there and the variables gone.
+//     Both runs say so in their Result.Notes: the one that ended the
+//     interpreter ("interpreter ended by this run's timeout: ...") and the
+//     one that started the next ("interpreter restarted: the previous one
+//     was ended by its run's timeout; variables from earlier runs are
+//     gone").
 //   - What the code writes to file descriptors 1 and 2 is the run's stdout and
 //     stderr; what processes it left behind write between runs is dropped.
 //   - The end of a run and its exit status are taken from the driver, only
@@ -122,6 +127,10 @@ type Session struct {
 	// ended; cpuSpent is set once they have used the session's budget.
 	cpuUsed  time.Duration
 	cpuSpent bool
+	// ended says why the last interpreter ended, as a format with one %s
+	// for whose run ("its run's timeout"), until the run that starts the
+	// next one has said so in its notes.
+	ended string
 
 	mu        sync.Mutex
 	closed    bool
@@ -263,6 +272,9 @@ func (ss *Session) runOnce(ctx context.Context, r *run) (*moat.Result, error) {
 		}
 		return nil, fmt.Errorf("subprocess: %w", err)
 	}
+	// What the directory holds at the size limit now, the code file
+	// included, is not this run's doing (see run.fileAtLimit).
+	r.atStart = filesAtLimit(ss.dir, int64(lim.FileSize))
 	defer func() {
 		if root, err := os.OpenRoot(ss.dir); err == nil {
 			root.Remove(codeName)
@@ -339,7 +351,7 @@ func (ss *Session) Close() error {
 	}
 	ss.mu.Unlock()
 	ss.sem <- struct{}{} // wait for the run in progress; nothing takes it after
-	ss.endInterpreter()
+	ss.endInterpreter("")
 	ss.remove()
 	ss.s.log.Debug("subprocess: session closed", "session", ss.id)
 	return nil

@@ -272,23 +272,54 @@ func TestInterpreterKeepsState(t *testing.T) {
 	}
 }
 
+// The notes say so: of the run that ended the interpreter, that it did and
+// why; of the next run, that it started a fresh one and why, so that a
+// NameError there is explained. Runs that keep the interpreter say nothing.
 func TestInterpreterTimeoutStartsAfresh(t *testing.T) {
 	_, s := newSession(t, moat.Limits{WallTime: moat.Duration(time.Second)}, moat.SessionOptions{Interpreter: true})
-	srun(t, s, "x = 1\nopen('kept','w').write('yes')")
-	res := srun(t, s, "import subprocess; subprocess.Popen(['sleep','100']); print('looping', flush=True)\nwhile True: pass")
+	res := srun(t, s, "x = 1\nopen('kept','w').write('yes')")
+	wantNotes(t, "the first run", res)
+	res = srun(t, s, "import subprocess; subprocess.Popen(['sleep','100']); print('looping', flush=True)\nwhile True: pass")
 	if res.Reason != moat.ReasonTimeout || out(res) != "looping" {
 		t.Errorf("loop: reason %q out %q", res.Reason, res.Stdout)
 	}
+	wantNotes(t, "the run that timed out", res, "interpreter ended by this run's timeout: the next run starts a fresh one")
 	res = srun(t, s, "print('x' in globals(), open('kept').read())")
 	if out(res) != "False yes" {
 		t.Errorf("after the timeout: %q %s (want a fresh interpreter with the files kept)", res.Stdout, res.Stderr)
 	}
+	wantNotes(t, "the run after the timeout", res, "interpreter restarted: the previous one was ended by its run's timeout; variables from earlier runs are gone")
+	res = srun(t, s, "y = 1")
+	wantNotes(t, "the second run of the fresh interpreter", res)
 	// os._exit ends the interpreter too: its status is the run's.
-	if res := srun(t, s, "import os; os._exit(7)"); res.ExitCode != 7 {
+	res = srun(t, s, "import os; os._exit(7)")
+	if res.ExitCode != 7 {
 		t.Errorf("os._exit(7): exit %d", res.ExitCode)
 	}
-	if res := srun(t, s, "print(2)"); out(res) != "2" {
+	wantNotes(t, "os._exit(7)", res, "interpreter ended by this run's code exiting it (status 7)")
+	res = srun(t, s, "print(2)")
+	if out(res) != "2" {
 		t.Errorf("after os._exit: %q %s", res.Stdout, res.Stderr)
+	}
+	wantNotes(t, "the run after os._exit(7)", res, "interpreter restarted: the previous one was ended by its run's code exiting it (status 7)")
+}
+
+// wantNotes checks that res's notes about the interpreter are as many as
+// want, each starting with its want, in order.
+func wantNotes(t *testing.T, what string, res *moat.Result, want ...string) {
+	t.Helper()
+	var got []string
+	for _, n := range res.Notes {
+		if strings.HasPrefix(n, "interpreter ") {
+			got = append(got, n)
+		}
+	}
+	ok := len(got) == len(want)
+	for i := 0; ok && i < len(want); i++ {
+		ok = strings.HasPrefix(got[i], want[i])
+	}
+	if !ok {
+		t.Errorf("%s: notes %q; want %d starting %q", what, got, len(want), want)
 	}
 }
 
@@ -441,6 +472,9 @@ func TestSessionCPUBudget(t *testing.T) {
 	if res.Reason != moat.ReasonTimeout {
 		t.Errorf("a run past the session's budget: reason %q, want timeout", res.Reason)
 	}
+	wantNotes(t, "the run past the budget", res,
+		"interpreter restarted: the previous one was ended by its run's code exiting it (status 0)",
+		"interpreter ended by this run's CPU time limit: the session's CPU budget is spent")
 	if res.Duration > time.Duration(lim.CPUTime)/2 {
 		t.Errorf("a run past a %v budget of which 1.2s was used ran %v, as if bounded by the %v per-run limit only", budget, res.Duration, time.Duration(lim.CPUTime))
 	}
@@ -609,16 +643,32 @@ func TestSessionClose(t *testing.T) {
 }
 
 // TestSessionFileAtLimitIsOnlyItsRunsReason: a file that reached the size
-// limit in one run is that run's reason, not every later run's.
+// limit in one run is that run's reason, not every later run's, in a session
+// with and without a live interpreter, whether the run wrote the file to
+// exactly the limit or tried to write past it. The first run's write comes
+// within a millisecond of its start, well inside one tick of the coarse clock
+// that stamps the file: the verdict must not hang on the host's clock.
 func TestSessionFileAtLimitIsOnlyItsRunsReason(t *testing.T) {
-	_, s := newSession(t, moat.Limits{FileSize: moat.MiB}, moat.SessionOptions{})
-	res := srun(t, s, "try:\n  open('big','wb').write(b'x' * (2 << 20))\nexcept OSError as e: print(e.errno)")
-	if res.Reason != moat.ReasonFileSize {
-		t.Fatalf("first run: reason %q, want filesize", res.Reason)
-	}
-	res = srun(t, s, "import os; print(os.path.getsize('big'))")
-	if res.Reason != "" || out(res) != "1048576" {
-		t.Errorf("second run: reason %q, stdout %q; want no reason and the 1 MiB file still there", res.Reason, out(res))
+	for _, interp := range []bool{false, true} {
+		for _, tc := range []struct{ name, code string }{
+			{"exactly", "open('big','wb').write(b'x' * (1 << 20))"},
+			{"past", "try:\n  open('big','wb').write(b'x' * (2 << 20))\nexcept OSError as e: print(e.errno)"},
+		} {
+			t.Run(fmt.Sprintf("interpreter=%v/%s", interp, tc.name), func(t *testing.T) {
+				_, s := newSession(t, moat.Limits{FileSize: moat.MiB}, moat.SessionOptions{Interpreter: interp})
+				for i := range 3 {
+					// Every time: a later run rewriting the file at the
+					// limit has reached it again.
+					if res := srun(t, s, tc.code); res.Reason != moat.ReasonFileSize {
+						t.Fatalf("run %d writing the file: reason %q, want filesize (stderr %s)", 2*i+1, res.Reason, res.Stderr)
+					}
+					res := srun(t, s, "import os; print('hi', os.path.getsize('big'))")
+					if res.Reason != "" || out(res) != "hi 1048576" {
+						t.Errorf("run %d: reason %q, stdout %q; want no reason and the 1 MiB file still there", 2*i+2, res.Reason, out(res))
+					}
+				}
+			})
+		}
 	}
 }
 
@@ -690,9 +740,30 @@ func TestInterpreterOutputCapEndsTheRun(t *testing.T) {
 		if ratio := float64(elapsed) / float64(wall); ratio >= 0.5 {
 			t.Errorf("%q: Run took %v, %.2f of the %v wall time; want under 0.5", code, elapsed, ratio, wall)
 		}
-		if res := srun(t, s, "print('x' in globals(), open('kept').read())"); out(res) != "False yes" || res.Reason != "" {
+		wantNotes(t, code, res, "interpreter ended by this run's output cap")
+		res = srun(t, s, "print('x' in globals(), open('kept').read())")
+		if out(res) != "False yes" || res.Reason != "" {
 			t.Errorf("after %q: %q %s reason %q (want a fresh interpreter with the files kept)", code, res.Stdout, res.Stderr, res.Reason)
 		}
+		wantNotes(t, "after "+code, res, "interpreter restarted: the previous one was ended by its run's output cap")
 		srun(t, s, "x = 1")
+	}
+}
+
+// TestSessionCodeFileIsNotAFileAtLimit: the file moat writes the code in is not the
+// run's: code as large as the file size limit is no reason filesize, in a
+// one-shot run and in a session's.
+func TestSessionCodeFileIsNotAFileAtLimit(t *testing.T) {
+	code := "print('hi')\n#" + strings.Repeat("x", int(moat.MiB)) + "\n"
+	sb, s := newSession(t, moat.Limits{FileSize: moat.MiB}, moat.SessionOptions{})
+	res, err := sb.Run(context.Background(), moat.Request{Code: []byte(code)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Reason != "" || out(res) != "hi" {
+		t.Errorf("one-shot run of %d bytes of code: reason %q stdout %q stderr %s; want no reason", len(code), res.Reason, res.Stdout, res.Stderr)
+	}
+	if res := srun(t, s, code); res.Reason != "" || out(res) != "hi" {
+		t.Errorf("session run of %d bytes of code: reason %q stdout %q stderr %s; want no reason", len(code), res.Reason, res.Stdout, res.Stderr)
 	}
 }

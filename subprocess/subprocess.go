@@ -512,7 +512,11 @@ type run struct {
 	id    string
 	start time.Time
 
-	dir     string
+	dir string
+	// atStart are the files at the file size limit that the directory held
+	// when the run began, the code file moat wrote included: those left
+	// as they were are not this run's doing.
+	atStart map[fileKey]fileStamp
 	mounted bool
 	lease   *uidpool.Lease
 	group   *cgroup.Group
@@ -556,6 +560,7 @@ func (r *run) do(ctx context.Context) (*moat.Result, error) {
 		}
 		return nil, fmt.Errorf("subprocess: %w", err)
 	}
+	r.atStart = filesAtLimit(r.dir, int64(lim.FileSize)) // the code file is not the run's
 	if s.strict {
 		group, err := s.cg.New(r.id, cgroup.Limits{Memory: int64(lim.Memory), Pids: int64(lim.Pids)})
 		if err != nil {
@@ -851,24 +856,71 @@ func memoryErrorAtEnd(stderr []byte) bool {
 
 // fileAtLimit reports whether the run wrote a file that reached the file
 // size limit: the host-side trace of RLIMIT_FSIZE (Python ignores SIGXFSZ
-// and gets EFBIG instead).
+// and gets EFBIG instead). Only what this run wrote counts: a session's
+// earlier files may sit at the limit legitimately, so a file that was at the
+// limit when the run began (r.atStart) counts only if it changed since.
+//
+// The test is against the files' own earlier stamps, not against the host's
+// clock: file times come from the kernel's coarse clock, which lags
+// time.Now by up to a tick (4 ms here), so a file written at once after a
+// run's start would look older than the run. Since Linux 6.13 (multigrain
+// timestamps, tmpfs included) a change after the stat that took the stamp
+// always gets a new time; on older kernels a rewrite to the same size in the
+// same tick as the run's start is missed.
 func (r *run) fileAtLimit(limit int64) bool {
 	found := false
-	filepath.WalkDir(r.dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || found {
+	walkAtLimit(r.dir, limit, func(k fileKey, st fileStamp) bool {
+		if old, ok := r.atStart[k]; !ok || old != st {
+			found = true
+		}
+		return !found
+	})
+	return found
+}
+
+// fileKey names a file by its inode; fileStamp is what a write changes.
+type (
+	fileKey   struct{ dev, ino uint64 }
+	fileStamp struct {
+		size         int64
+		mtime, ctime syscall.Timespec
+	}
+)
+
+// filesAtLimit returns the files under dir at or past the file size limit.
+func filesAtLimit(dir string, limit int64) map[fileKey]fileStamp {
+	m := map[fileKey]fileStamp{}
+	walkAtLimit(dir, limit, func(k fileKey, st fileStamp) bool {
+		m[k] = st
+		return true
+	})
+	return m
+}
+
+// walkAtLimit calls fn for each regular file under dir at or past the file
+// size limit, without following symbolic links, until fn returns false.
+func walkAtLimit(dir string, limit int64, fn func(fileKey, fileStamp) bool) {
+	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
 			return filepath.SkipDir
 		}
-		if d.Type().IsRegular() {
-			// Only what this run wrote: a session's earlier files may sit
-			// at the limit legitimately.
-			if info, err := d.Info(); err == nil && info.Size() >= limit && !info.ModTime().Before(r.start) {
-				found = true
-				return filepath.SkipAll
-			}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		info, err := d.Info()
+		if err != nil || info.Size() < limit {
+			return nil
+		}
+		st, ok := info.Sys().(*syscall.Stat_t)
+		if !ok {
+			return nil
+		}
+		k := fileKey{uint64(st.Dev), st.Ino}
+		if !fn(k, fileStamp{st.Size, st.Mtim, st.Ctim}) {
+			return filepath.SkipAll
 		}
 		return nil
 	})
-	return found
 }
 
 // diskFull reports whether the working directory's tmpfs ran out of blocks
