@@ -276,7 +276,7 @@ func TestInterpreterKeepsState(t *testing.T) {
 // why; of the next run, that it started a fresh one and why, so that a
 // NameError there is explained. Runs that keep the interpreter say nothing.
 func TestInterpreterTimeoutStartsAfresh(t *testing.T) {
-	_, s := newSession(t, moat.Limits{WallTime: moat.Duration(time.Second)}, moat.SessionOptions{Interpreter: true})
+	_, s := newSession(t, moat.Limits{WallTime: moat.Duration(3 * time.Second)}, moat.SessionOptions{Interpreter: true})
 	res := srun(t, s, "x = 1\nopen('kept','w').write('yes')")
 	wantNotes(t, "the first run", res)
 	res = srun(t, s, "import subprocess; subprocess.Popen(['sleep','100']); print('looping', flush=True)\nwhile True: pass")
