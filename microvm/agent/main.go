@@ -596,11 +596,41 @@ func (a *agent) run(r *wire.Run) (*wire.Exit, error) {
 	case <-time.After(2 * time.Second):
 	}
 
-	exit := &wire.Exit{CPUMS: cpuUsageMS() - baseMS, WallMS: wallMS}
-	ws, _ := cmd.ProcessState.Sys().(syscall.WaitStatus)
-	if waitErr != nil && cmd.ProcessState == nil {
+	return report(cmd.ProcessState, waitErr, r, evidence{
+		overTime: over.Load(),
+		cpuMS:    cpuUsageMS() - baseMS,
+		wallMS:   wallMS,
+		oomKilled: func() bool {
+			return eventCount("memory.events", "oom_kill") > 0 || eventCount("memory.events", "oom_group_kill") > 0
+		},
+		pidsRefused: func() bool { return eventCount("pids.events", "max") > 0 },
+		fileAtLimit: func() bool { return fileAtLimit(r.FileSize, upperFS+"/u", upperFS+"/shm") },
+		diskFull:    func() bool { return diskFull(upperFS) },
+	})
+}
+
+// evidence is what the agent saw of how a run ended, besides python3's
+// wait status. The funcs look at the run's cgroup and files; report calls
+// each at most once, and none past the first that gives the reason.
+type evidence struct {
+	overTime    bool  // the agent killed the run at its wall or CPU time
+	cpuMS       int64 // the CPU time the run used
+	wallMS      int64
+	oomKilled   func() bool // the memory cgroup killed a process of the run
+	pidsRefused func() bool // the pids cgroup refused a fork or a thread
+	fileAtLimit func() bool // a file the run wrote reached the file size limit
+	diskFull    func() bool // the writable layer has no space or no inode left
+}
+
+// report makes the Exit of a run with limits r from python3's state after
+// Wait (nil, with waitErr, when Wait could not reap it) and ev. Reasons go
+// in moat's order: timeout, memory, pids, filesize, disk, signal.
+func report(ps *os.ProcessState, waitErr error, r *wire.Run, ev evidence) (*wire.Exit, error) {
+	if ps == nil {
 		return nil, fmt.Errorf("wait for python3: %w", waitErr)
 	}
+	exit := &wire.Exit{CPUMS: ev.cpuMS, WallMS: ev.wallMS}
+	ws, _ := ps.Sys().(syscall.WaitStatus)
 	switch {
 	case ws.Signaled():
 		exit.Signal = int(ws.Signal())
@@ -610,17 +640,17 @@ func (a *agent) run(r *wire.Run) (*wire.Exit, error) {
 	}
 	sig := ws.Signaled()
 	switch {
-	case over.Load():
+	case ev.overTime:
 		exit.Reason = "timeout"
 	case sig && (ws.Signal() == unix.SIGXCPU || (ws.Signal() == unix.SIGKILL && exit.CPUMS >= r.CPUMS)):
 		exit.Reason = "timeout"
-	case eventCount("memory.events", "oom_kill") > 0 || eventCount("memory.events", "oom_group_kill") > 0:
+	case ev.oomKilled():
 		exit.Reason = "memory"
-	case eventCount("pids.events", "max") > 0:
+	case ev.pidsRefused():
 		exit.Reason = "pids"
-	case fileAtLimit(r.FileSize, upperFS+"/u", upperFS+"/shm"):
+	case ev.fileAtLimit():
 		exit.Reason = "filesize"
-	case diskFull(upperFS):
+	case ev.diskFull():
 		exit.Reason = "disk"
 	case sig:
 		exit.Reason = "signal"
@@ -657,12 +687,19 @@ func cpuUsageMS() int64 {
 	return eventCount("cpu.stat", "usage_usec") / 1000
 }
 
-// eventCount reads "key value" from a flat-keyed cgroup file.
+// eventCount reads "key value" from a flat-keyed file of the run's cgroup.
 func eventCount(file, key string) int64 {
 	b, err := os.ReadFile(filepath.Join(runGroup, file))
 	if err != nil {
 		return 0
 	}
+	return flatKeyed(b, key)
+}
+
+// flatKeyed returns the value of key in b, the text of a flat-keyed cgroup
+// file ("key value" lines), or 0 when key is not there or its value is not
+// a number. A value past int64 reads as the largest int64.
+func flatKeyed(b []byte, key string) int64 {
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
