@@ -95,10 +95,13 @@ type agent struct {
 // path of the code on descriptor 3 and then runs the code as `python3 PATH`
 // would: as module __main__ with its own globals, sys.argv and sys.path[0]
 // set from PATH, the traceback of an uncaught exception printed by
-// sys.excepthook without the zygote's frame and exit status 1, SystemExit
-// handled by the interpreter. What it cannot make as a fresh interpreter
-// would: the string hash seed is the template's (the same in every run),
-// and the code runs one frame below the zygote's.
+// sys.excepthook without the zygote's frame and exit status 1 (an uncaught
+// KeyboardInterrupt, after the clean-up, by SIGINT), SystemExit handled by
+// the interpreter. What it cannot make as a fresh interpreter would: the
+// string hash seed is the template's (the same in every run), the code runs
+// one frame below the zygote's, and code that is not UTF-8 and declares no
+// encoding gets compile()'s SyntaxError, not the tokenizer's wording of it.
+// TestZygoteAsPython3 compares the two.
 const zygoteSource = `import os, sys
 def _moat_main():
     with os.fdopen(3, 'rb') as f:
@@ -109,6 +112,11 @@ def _moat_main():
     main.__file__ = path
     main.__cached__ = None
     main.__loader__ = type(__loader__)('__main__', path)
+    # What else the interpreter puts in a script's namespace: it puts the
+    # same in the zygote's, which is one.
+    main.__builtins__ = __builtins__
+    if '__annotations__' in globals():
+        main.__annotations__ = {}
     sys.modules['__main__'] = main
     sys.argv[:] = [path]
     sys.orig_argv[:] = [sys.orig_argv[0], path]
@@ -128,10 +136,15 @@ def _moat_main():
     except BaseException as e:
         tb = e.__traceback__.tb_next
         sys.excepthook(type(e), e.with_traceback(tb), tb)
-        return 1
+        return KeyboardInterrupt if type(e) is KeyboardInterrupt else 1
     return 0
 _moat_status = _moat_main()
 del _moat_main
+if _moat_status is KeyboardInterrupt:
+    # The interpreter ends on it as python3 does: the clean-up, then
+    # SIGINT. The traceback is printed already.
+    sys.excepthook = lambda *args: None
+    raise KeyboardInterrupt
 if _moat_status:
     raise SystemExit(_moat_status)
 `

@@ -5,8 +5,8 @@ package main
 // root, sets the clock, reseeds the kernel's generator or reboots, and must
 // never run here. These tests call only what does none of that: the frames
 // it sends and reads, the report it builds from python3's wait status and
-// the run's evidence, the parsers of its inputs and the guard that stops
-// main outside a VM.
+// the run's evidence, the parsers of its inputs, the zygote's Python (run
+// with the host's python3) and the guard that stops main outside a VM.
 
 import (
 	"bytes"
@@ -20,6 +20,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -573,4 +574,135 @@ func TestPythonCmd(t *testing.T) {
 	if len(sp.AmbientCaps) != 0 || sp.Setctty || sp.Foreground || sp.Ptrace || sp.UseCgroupFD {
 		t.Errorf("SysProcAttr %+v grants more than it should", sp)
 	}
+}
+
+// The zygote runs the code as `python3 PATH` would. Here both run under the
+// host's python3 and must print the same and end the same; the guest's
+// python3 is the image's.
+func TestZygoteAsPython3(t *testing.T) {
+	py := hostPython(t)
+	dir := t.TempDir()
+	zygote := filepath.Join(dir, "zygote.py")
+	if err := os.WriteFile(zygote, []byte(zygoteSource), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct{ name, code string }{
+		{"output", "import sys\nprint('out')\nprint('err', file=sys.stderr)\nsys.stdout.write('no newline')\n"},
+		{"its view of itself", `import sys, json, __main__
+print(__name__, __file__, __cached__, __spec__, __package__, __doc__)
+print(sorted(globals()))
+print(type(__builtins__).__name__, __builtins__ is __import__('builtins'))
+print(sys.argv, sys.orig_argv[1:], sys.path[0])
+print(__main__.__dict__ is globals(), sys.modules['__main__'] is __main__)
+print(type(__loader__).__name__, __loader__.name, __loader__.path)
+print(__annotations__)
+`},
+		{"annotations", "x: int = 1\ny: 'str'\nprint(__annotations__)\n"},
+		{"the code's own source", "import inspect\ndef f():\n    return 1\nprint(inspect.getsource(f), end='')\n"},
+		{"a class pickled from __main__", "import pickle\nclass C:\n    x = 3\nprint(pickle.loads(pickle.dumps(C())).x, C.__module__)\n"},
+		{"a warning", "import warnings\nwarnings.warn('careful')\n"},
+		{"the zygote's start pipe is closed", "import os\ntry:\n    os.fstat(3)\nexcept OSError as e:\n    print(e.errno)\n"},
+		{"no code", ""},
+		{"an uncaught exception", "def f():\n    raise KeyError('deep')\nf()\n"},
+		{"a chained exception", "try:\n    1/0\nexcept Exception as e:\n    raise ValueError('x') from e\n"},
+		{"an exception while handling one", "try:\n    {}['k']\nexcept KeyError:\n    None.x\n"},
+		{"an exception group", "raise ExceptionGroup('g', [ValueError(1), TypeError(2)])\n"},
+		{"a hook of the code's own", "import sys\nsys.excepthook = lambda t, v, tb: print('hook', t.__name__, tb.tb_frame.f_code.co_filename == __file__)\nraise OSError\n"},
+		{"at exit", "import atexit\natexit.register(print, 'bye')\nraise RuntimeError\n"},
+		{"a thread outliving the code", "import threading, time\nthreading.Thread(target=lambda: (time.sleep(0.05), print('late'))).start()\nprint('early')\n"},
+		{"a syntax error", "print(1)\ndef (:\n"},
+		{"an indentation error", "if True:\nprint(1)\n"},
+		{"a NUL byte", "print(1)\n\x00\n"},
+		{"a NUL byte on the first line", "x = '\x00'\n"},
+		{"a coding declaration", "# -*- coding: latin-1 -*-\nprint('\xe9')\n"},
+		{"exit 0", "import sys\nprint('a')\nsys.exit()\nprint('b')\n"},
+		{"exit 3", "import sys\nsys.exit(3)\n"},
+		{"exit with a message", "import sys\nsys.exit('bye')\n"},
+		{"exit 256+7", "raise SystemExit(263)\n"},
+		{"exit True", "raise SystemExit(True)\n"},
+		{"exit from a function", "import sys\ndef f():\n    sys.exit(4)\nf()\n"},
+		{"os._exit", "import os\nprint('lost in the buffer')\nos._exit(5)\n"},
+		{"a KeyboardInterrupt", "print('a')\nraise KeyboardInterrupt\n"},
+		{"a KeyboardInterrupt two frames deep", "import atexit\natexit.register(print, 'bye')\ndef f():\n    raise KeyboardInterrupt('x')\nf()\n"},
+		{"a subclass of KeyboardInterrupt", "class K(KeyboardInterrupt):\n    pass\nraise K\n"},
+		{"killed by a signal", "import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\n"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			code := filepath.Join(dir, "main.py")
+			if err := os.WriteFile(code, []byte(tt.code), 0o444); err != nil {
+				t.Fatal(err)
+			}
+			want := runPython(t, exec.Command(py, code), "")
+			got := runPython(t, exec.Command(py, zygote), code)
+			if got != want {
+				t.Errorf("the zygote: %s\npython3:    %s", got, want)
+			}
+		})
+	}
+
+	// Code that is not UTF-8 and declares no encoding: the same end, a
+	// SyntaxError in other words (see zygoteSource).
+	code := filepath.Join(dir, "main.py")
+	if err := os.WriteFile(code, []byte("print('\xff')\n"), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	want := runPython(t, exec.Command(py, code), "")
+	got := runPython(t, exec.Command(py, zygote), code)
+	if got.exit != want.exit || got.stdout != want.stdout || !strings.Contains(got.stderr, "SyntaxError: ") ||
+		!strings.Contains(got.stderr, "utf-8") || strings.Contains(got.stderr, "zygote") {
+		t.Errorf("code not UTF-8: the zygote: %s\npython3: %s", got, want)
+	}
+}
+
+// hostPython returns the host's python3 binary (not a shim that wraps it).
+func hostPython(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command("python3", "-c", "import sys; print(sys.executable)").Output()
+	if err != nil {
+		t.Fatalf("python3, which moat runs the code with, is not on this host: %v", err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+type pyRun struct {
+	stdout, stderr string
+	exit           string
+}
+
+func (r pyRun) String() string {
+	return fmt.Sprintf("%s, stdout %q, stderr %q", r.exit, r.stdout, r.stderr)
+}
+
+// runPython runs cmd, handing it path on descriptor 3 when path is set (as
+// the agent hands the zygote its code), and says how it ended.
+func runPython(t *testing.T, cmd *exec.Cmd, path string) pyRun {
+	t.Helper()
+	cmd.Dir = filepath.Dir(cmd.Args[1])
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "LANG=C.UTF-8", "PYTHONHASHSEED=0"}
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	var start *os.File
+	if path != "" {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		cmd.ExtraFiles = []*os.File{r}
+		start = w
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if start != nil {
+		start.WriteString(path)
+		start.Close()
+	}
+	cmd.Wait()
+	ws := cmd.ProcessState.Sys().(syscall.WaitStatus)
+	exit := fmt.Sprintf("exit %d", ws.ExitStatus())
+	if ws.Signaled() {
+		exit = "killed by " + ws.Signal().String()
+	}
+	return pyRun{stdout.String(), stderr.String(), exit}
 }
