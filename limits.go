@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -156,7 +157,11 @@ var byteUnits = []struct {
 }
 
 // ParseBytes parses a size such as "256MiB", "1G", "4096" or "64 MiB".
-// Units: B, KiB/K, MiB/M, GiB/G (binary) and kB/KB, MB, GB (decimal).
+// Units, in this case: B, KiB/K, MiB/M, GiB/G (binary) and kB/KB, MB, GB
+// (decimal). A whole number is exact; a fraction ("1.5GiB") is cut down to
+// a whole byte. A negative size, and one past math.MaxInt64 bytes, is an
+// error wrapping [ErrInvalid]. What [Bytes.String] prints of a size that is
+// not negative parses back to it.
 func ParseBytes(s string) (Bytes, error) {
 	t := strings.TrimSpace(s)
 	mult := Bytes(1)
@@ -172,13 +177,26 @@ func ParseBytes(s string) (Bytes, error) {
 	if num == "" {
 		return 0, fmt.Errorf("moat: size %q has no number: %w", s, ErrInvalid)
 	}
+	tooLarge := func() (Bytes, error) { return 0, fmt.Errorf("moat: size %q is too large: %w", s, ErrInvalid) }
+	// A whole number is exact: a float64 would round one past 2^53, and
+	// every size must read back from its String.
+	i, err := strconv.ParseInt(num, 10, 64)
+	switch {
+	case err == nil && i >= 0:
+		if i > math.MaxInt64/int64(mult) {
+			return tooLarge()
+		}
+		return Bytes(i) * mult, nil
+	case errors.Is(err, strconv.ErrRange) && !strings.HasPrefix(num, "-"):
+		return tooLarge()
+	}
 	n, err := strconv.ParseFloat(num, 64)
 	if err != nil || n < 0 || n != n {
 		return 0, fmt.Errorf("moat: size %q does not parse (want e.g. 256MiB): %w", s, ErrInvalid)
 	}
 	v := n * float64(mult)
-	if v > float64(1<<62) {
-		return 0, fmt.Errorf("moat: size %q is too large: %w", s, ErrInvalid)
+	if v >= 1<<63 { // not an int64; float64(math.MaxInt64) is 1<<63
+		return tooLarge()
 	}
 	return Bytes(v), nil
 }
@@ -210,7 +228,11 @@ func (b *Bytes) Set(s string) error {
 func (b Bytes) MarshalText() ([]byte, error) { return []byte(b.String()), nil }
 
 // UnmarshalJSON accepts a string such as "256MiB" or a number of bytes.
+// A JSON null leaves b as it was, as encoding/json does for its own types.
 func (b *Bytes) UnmarshalJSON(data []byte) error {
+	if string(data) == "null" {
+		return nil
+	}
 	var n int64
 	if err := json.Unmarshal(data, &n); err == nil {
 		if n < 0 {

@@ -58,7 +58,8 @@ type Result struct {
 }
 
 // MarshalJSON prints the Result as `moat run --json` does: stdout and stderr
-// as strings (bytes that are not UTF-8 become U+FFFD) and duration_ms.
+// as strings (each run of bytes that are not UTF-8 becomes one U+FFFD) and
+// duration_ms, in milliseconds.
 func (r Result) MarshalJSON() ([]byte, error) {
 	type plain Result
 	return json.Marshal(struct {

@@ -95,10 +95,13 @@ type agent struct {
 // path of the code on descriptor 3 and then runs the code as `python3 PATH`
 // would: as module __main__ with its own globals, sys.argv and sys.path[0]
 // set from PATH, the traceback of an uncaught exception printed by
-// sys.excepthook without the zygote's frame and exit status 1, SystemExit
-// handled by the interpreter. What it cannot make as a fresh interpreter
-// would: the string hash seed is the template's (the same in every run),
-// and the code runs one frame below the zygote's.
+// sys.excepthook without the zygote's frame and exit status 1 (an uncaught
+// KeyboardInterrupt, after the clean-up, by SIGINT), SystemExit handled by
+// the interpreter. What it cannot make as a fresh interpreter would: the
+// string hash seed is the template's (the same in every run), the code runs
+// one frame below the zygote's, and code that is not UTF-8 and declares no
+// encoding gets compile()'s SyntaxError, not the tokenizer's wording of it.
+// TestZygoteAsPython3 compares the two.
 const zygoteSource = `import os, sys
 def _moat_main():
     with os.fdopen(3, 'rb') as f:
@@ -109,6 +112,11 @@ def _moat_main():
     main.__file__ = path
     main.__cached__ = None
     main.__loader__ = type(__loader__)('__main__', path)
+    # What else the interpreter puts in a script's namespace: it puts the
+    # same in the zygote's, which is one.
+    main.__builtins__ = __builtins__
+    if '__annotations__' in globals():
+        main.__annotations__ = {}
     sys.modules['__main__'] = main
     sys.argv[:] = [path]
     sys.orig_argv[:] = [sys.orig_argv[0], path]
@@ -128,10 +136,15 @@ def _moat_main():
     except BaseException as e:
         tb = e.__traceback__.tb_next
         sys.excepthook(type(e), e.with_traceback(tb), tb)
-        return 1
+        return KeyboardInterrupt if type(e) is KeyboardInterrupt else 1
     return 0
 _moat_status = _moat_main()
 del _moat_main
+if _moat_status is KeyboardInterrupt:
+    # The interpreter ends on it as python3 does: the clean-up, then
+    # SIGINT. The traceback is printed already.
+    sys.excepthook = lambda *args: None
+    raise KeyboardInterrupt
 if _moat_status:
     raise SystemExit(_moat_status)
 `
@@ -596,11 +609,41 @@ func (a *agent) run(r *wire.Run) (*wire.Exit, error) {
 	case <-time.After(2 * time.Second):
 	}
 
-	exit := &wire.Exit{CPUMS: cpuUsageMS() - baseMS, WallMS: wallMS}
-	ws, _ := cmd.ProcessState.Sys().(syscall.WaitStatus)
-	if waitErr != nil && cmd.ProcessState == nil {
+	return report(cmd.ProcessState, waitErr, r, evidence{
+		overTime: over.Load(),
+		cpuMS:    cpuUsageMS() - baseMS,
+		wallMS:   wallMS,
+		oomKilled: func() bool {
+			return eventCount("memory.events", "oom_kill") > 0 || eventCount("memory.events", "oom_group_kill") > 0
+		},
+		pidsRefused: func() bool { return eventCount("pids.events", "max") > 0 },
+		fileAtLimit: func() bool { return fileAtLimit(r.FileSize, upperFS+"/u", upperFS+"/shm") },
+		diskFull:    func() bool { return diskFull(upperFS) },
+	})
+}
+
+// evidence is what the agent saw of how a run ended, besides python3's
+// wait status. The funcs look at the run's cgroup and files; report calls
+// each at most once, and none past the first that gives the reason.
+type evidence struct {
+	overTime    bool  // the agent killed the run at its wall or CPU time
+	cpuMS       int64 // the CPU time the run used
+	wallMS      int64
+	oomKilled   func() bool // the memory cgroup killed a process of the run
+	pidsRefused func() bool // the pids cgroup refused a fork or a thread
+	fileAtLimit func() bool // a file the run wrote reached the file size limit
+	diskFull    func() bool // the writable layer has no space or no inode left
+}
+
+// report makes the Exit of a run with limits r from python3's state after
+// Wait (nil, with waitErr, when Wait could not reap it) and ev. Reasons go
+// in moat's order: timeout, memory, pids, filesize, disk, signal.
+func report(ps *os.ProcessState, waitErr error, r *wire.Run, ev evidence) (*wire.Exit, error) {
+	if ps == nil {
 		return nil, fmt.Errorf("wait for python3: %w", waitErr)
 	}
+	exit := &wire.Exit{CPUMS: ev.cpuMS, WallMS: ev.wallMS}
+	ws, _ := ps.Sys().(syscall.WaitStatus)
 	switch {
 	case ws.Signaled():
 		exit.Signal = int(ws.Signal())
@@ -610,17 +653,17 @@ func (a *agent) run(r *wire.Run) (*wire.Exit, error) {
 	}
 	sig := ws.Signaled()
 	switch {
-	case over.Load():
+	case ev.overTime:
 		exit.Reason = "timeout"
 	case sig && (ws.Signal() == unix.SIGXCPU || (ws.Signal() == unix.SIGKILL && exit.CPUMS >= r.CPUMS)):
 		exit.Reason = "timeout"
-	case eventCount("memory.events", "oom_kill") > 0 || eventCount("memory.events", "oom_group_kill") > 0:
+	case ev.oomKilled():
 		exit.Reason = "memory"
-	case eventCount("pids.events", "max") > 0:
+	case ev.pidsRefused():
 		exit.Reason = "pids"
-	case fileAtLimit(r.FileSize, upperFS+"/u", upperFS+"/shm"):
+	case ev.fileAtLimit():
 		exit.Reason = "filesize"
-	case diskFull(upperFS):
+	case ev.diskFull():
 		exit.Reason = "disk"
 	case sig:
 		exit.Reason = "signal"
@@ -657,12 +700,19 @@ func cpuUsageMS() int64 {
 	return eventCount("cpu.stat", "usage_usec") / 1000
 }
 
-// eventCount reads "key value" from a flat-keyed cgroup file.
+// eventCount reads "key value" from a flat-keyed file of the run's cgroup.
 func eventCount(file, key string) int64 {
 	b, err := os.ReadFile(filepath.Join(runGroup, file))
 	if err != nil {
 		return 0
 	}
+	return flatKeyed(b, key)
+}
+
+// flatKeyed returns the value of key in b, the text of a flat-keyed cgroup
+// file ("key value" lines), or 0 when key is not there or its value is not
+// a number. A value past int64 reads as the largest int64.
+func flatKeyed(b []byte, key string) int64 {
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
