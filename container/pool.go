@@ -3,12 +3,15 @@ package container
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types"
 	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
 
+	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/internal/uidpool"
 )
 
@@ -38,12 +41,12 @@ const createTimeout = time.Minute
 // container whose id moat would never learn. The caller owns the result and
 // must pass it to discard once done.
 func (s *Sandbox) prepare() (*prepared, error) {
-	lease, err := s.uids.Acquire()
-	if err != nil {
-		return nil, fmt.Errorf("container: a uid for the container: %w", err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), createTimeout)
 	defer cancel()
+	lease, err := s.freeUID(ctx)
+	if err != nil {
+		return nil, err
+	}
 	created, err := s.cli.ContainerCreate(ctx, s.spec.config(lease.UID), s.spec.hostConfig(lease.UID), nil, nil, "")
 	if err != nil {
 		// A create that failed in flight may still have made a container
@@ -74,6 +77,43 @@ func (s *Sandbox) prepare() (*prepared, error) {
 		return nil, fmt.Errorf("container: attach: %w", err)
 	}
 	return p, nil
+}
+
+// freeUID leases a uid that no container runs as. A lease ends with the
+// moat process that held it, but its container may outlive it until a later
+// New reaps it: a container still labelled with the uid just leased belongs
+// to a moat that is gone, so it is removed before the uid is used. A uid
+// whose orphan cannot be removed stays leased, unused, and another is tried.
+func (s *Sandbox) freeUID(ctx context.Context) (*uidpool.Lease, error) {
+	for try := 0; try < 3; try++ {
+		lease, err := s.uids.Acquire()
+		if err != nil {
+			return nil, fmt.Errorf("container: a uid for the container: %w", err)
+		}
+		list, err := s.cli.ContainerList(ctx, container.ListOptions{
+			All:     true,
+			Filters: filters.NewArgs(filters.Arg("label", LabelUID+"="+strconv.Itoa(lease.UID))),
+		})
+		if err != nil {
+			lease.Release()
+			return nil, fmt.Errorf("container: list the containers of uid %d: %w", lease.UID, err)
+		}
+		clean := true
+		for _, c := range list {
+			err := s.cli.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})
+			if err != nil && !cerrdefs.IsNotFound(err) {
+				s.log.Warn("container: remove an orphan holding a uid", "id", shortID(c.ID), "uid", lease.UID, "err", err)
+				clean = false
+				continue
+			}
+			s.log.Info("container: removed an orphan of a moat that is gone", "id", shortID(c.ID), "uid", lease.UID)
+		}
+		if clean {
+			return lease, nil
+		}
+		// Held, never released: the orphan still runs as this uid.
+	}
+	return nil, fmt.Errorf("container: every uid tried is held by a container that cannot be removed: %w", moat.ErrUnavailable)
 }
 
 // discard releases p and removes its container, killing it first if it

@@ -23,6 +23,7 @@ const (
 	LabelOwner      = "moat.owner"       // the owner's pid
 	LabelOwnerStart = "moat.owner.start" // the owner's start time, in clock ticks since boot
 	LabelBoot       = "moat.boot"        // the boot id of the owner's machine
+	LabelUID        = "moat.uid"         // the uid (and gid) the container runs as
 )
 
 // The writable places of a run and their share of Limits.Disk: the
@@ -130,7 +131,7 @@ func (s *spec) config(uid int) *container.Config {
 		User:            user(uid),
 		WorkingDir:      image.WorkDir,
 		Hostname:        "sandbox",
-		Labels:          s.labels,
+		Labels:          s.labelsFor(uid),
 		NetworkDisabled: true,
 		AttachStdin:     true,
 		AttachStdout:    true,
@@ -140,6 +141,16 @@ func (s *spec) config(uid int) *container.Config {
 		Tty:             false,
 		StopSignal:      "SIGKILL",
 	}
+}
+
+// labelsFor is the labels of a container running as uid.
+func (s *spec) labelsFor(uid int) map[string]string {
+	l := make(map[string]string, len(s.labels)+1)
+	for k, v := range s.labels {
+		l[k] = v
+	}
+	l[LabelUID] = strconv.Itoa(uid)
+	return l
 }
 
 // hostConfig is every hardening item of the level for a run as uid; see
