@@ -342,7 +342,9 @@ func checkStreams(t *testing.T, res *moat.Result, out, errOut *stream, wantOut, 
 // and ends a run that keeps writing, long before its wall time: a capped
 // Result over an unbounded stream to the caller is no cap.
 func testOutputForever(t *testing.T, s *suite) {
-	limit, wall := moat.KiB, 10*time.Second
+	// A long wall time, so that a slow level (a microvm under TCG on a loaded
+	// machine) still ends far below it when the cap works.
+	limit, wall := moat.KiB, 30*time.Second
 	b := s.sandbox(t, moat.Limits{Output: limit, WallTime: moat.Duration(wall)})
 	out, errOut := &counter{}, &counter{}
 	start := time.Now()
