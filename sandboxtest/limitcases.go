@@ -345,7 +345,7 @@ func testOutputForever(t *testing.T, s *suite) {
 	// A long wall time, so that a slow level (a microvm under TCG on a loaded
 	// machine) still ends far below it when the cap works.
 	limit, wall := moat.KiB, 30*time.Second
-	b := s.sandbox(t, moat.Limits{Output: limit, WallTime: moat.Duration(wall)})
+	b := s.sandbox(t, moat.Limits{Output: limit, WallTime: moat.Duration(wall), CPUTime: moat.Duration(wall)})
 	out, errOut := &counter{}, &counter{}
 	start := time.Now()
 	res := b.runReq(t, context.Background(), moat.Request{Stdout: out, Stderr: errOut, Code: []byte(`
