@@ -84,7 +84,7 @@ func TestAgentReplay(t *testing.T) {
 	requireRoot(t)
 	t.Setenv("ANTHROPIC_API_KEY", "sk-ant-test")
 	url, requests := messagesAPI(t, "tool_use.json", "final.json")
-	stdout, stderr, code := runAgent("--base-url", url, "--timeout", "5s", "What is 6 times 7?")
+	stdout, stderr, code := runAgent("--base-url", url, "--wall-time", "5s", "What is 6 times 7?")
 	if code != exitOK {
 		t.Fatalf("exit %d, stderr %q", code, stderr)
 	}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -17,44 +16,61 @@ import (
 	"github.com/moatsandbox/moat/subprocess"
 )
 
-// fileConfig is the operator's config file (--config), JSON. Flags given on
-// the command line override it.
-type fileConfig struct {
-	Level      moat.Level        `json:"level,omitempty"`
-	Limits     moat.Limits       `json:"limits"`
-	Subprocess subprocess.Config `json:"subprocess"`
-	Container  container.Config  `json:"container"`
-	GVisor     gvisor.Config     `json:"gvisor"`
-	MicroVM    microvm.Config    `json:"microvm"`
-}
-
 // sandboxFlags are the operator's choices that every command that runs code
-// shares: the level, the limits, the level's settings.
+// shares: the config file, the level, the limits, the level's settings.
 type sandboxFlags struct {
 	fs         *flag.FlagSet
 	configPath string
-	level      string
-	limits     moat.Limits
-	hardening  string
-	python     string
+	// flags is what the flags set; resolve takes from it only the
+	// settings whose flag was given.
+	flags fileConfig
 }
 
-// addSandboxFlags registers the shared flags on fs.
+// addSandboxFlags registers the shared flags on fs. Each flag is named for
+// its config key (limits.wall_time is --wall-time).
 func addSandboxFlags(fs *flag.FlagSet) *sandboxFlags {
 	f := &sandboxFlags{fs: fs}
-	fs.StringVar(&f.configPath, "config", "", "operator config file (JSON: level, limits, subprocess)")
-	fs.StringVar(&f.level, "level", "", "isolation level: subprocess, container, gvisor, microvm (default subprocess)")
-	fs.Var(&f.limits.WallTime, "timeout", "wall time per run (default 10s)")
-	fs.Var(&f.limits.CPUTime, "cpu", "CPU time per run (default 10s)")
-	fs.Var(&f.limits.Memory, "memory", "memory per run, all processes together (default 256MiB)")
-	fs.IntVar(&f.limits.Pids, "pids", 0, "processes and threads per run (default 64)")
-	fs.Var(&f.limits.FileSize, "file-size", "largest file a run may write (default 16MiB)")
-	fs.Var(&f.limits.Disk, "disk", "all files of a run together (default 64MiB)")
-	fs.Var(&f.limits.Output, "output", "output per stream, kept and streamed; the first byte past it ends the run (default 1MiB)")
-	fs.IntVar(&f.limits.OpenFiles, "open-files", 0, "open files per process (default 256)")
-	fs.StringVar(&f.hardening, "hardening", "", "subprocess hardening: strict (default) or tutorial (plain rlimits only, for comparison)")
-	fs.StringVar(&f.python, "python", "", "python3 interpreter for the subprocess level (default /usr/bin/python3)")
+	l := &f.flags.Limits
+	fs.StringVar(&f.configPath, "config", "", "operator config file, JSON (see docs/config.md); flags given override it")
+	fs.StringVar((*string)(&f.flags.Level), "level", "", "isolation level: subprocess, container, gvisor, microvm (default subprocess)")
+	fs.Var(&l.WallTime, "wall-time", "wall time per run (default 10s)")
+	deprecate(fs, "timeout", "wall-time")
+	fs.Var(&l.CPUTime, "cpu-time", "CPU time per run, all processes together (default 10s)")
+	deprecate(fs, "cpu", "cpu-time")
+	fs.Var(&l.Memory, "memory", "memory per run, all processes together (default 256MiB)")
+	fs.IntVar(&l.Pids, "pids", 0, "processes and threads per run (default 64)")
+	fs.Var(&l.FileSize, "file-size", "largest file a run may write (default 16MiB)")
+	fs.Var(&l.Disk, "disk", "all files of a run together (default 64MiB)")
+	fs.Var(&l.Output, "output", "output per stream, kept and streamed; the first byte past it ends the run (default 1MiB)")
+	fs.IntVar(&l.OpenFiles, "open-files", 0, "open files per process (default 256)")
+	fs.StringVar((*string)(&f.flags.Subprocess.Hardening), "hardening", "", "subprocess hardening: strict (default) or tutorial (plain rlimits only, for comparison)")
+	fs.StringVar(&f.flags.Subprocess.Python, "python", "", "python3 interpreter for the subprocess level (default /usr/bin/python3)")
 	return f
+}
+
+// deprecatedPrefix starts the usage of a flag kept only as an old spelling.
+const deprecatedPrefix = "deprecated spelling of --"
+
+// deprecate registers old as a second spelling of the flag name, which
+// must be registered already. parseFlags warns when it is used.
+func deprecate(fs *flag.FlagSet, old, name string) {
+	fs.Var(fs.Lookup(name).Value, old, deprecatedPrefix+name)
+}
+
+// canonical is the name of the setting a flag sets: the flag's own, or, for
+// a deprecated spelling, the one it stands for.
+func canonical(f *flag.Flag) string {
+	if name, ok := strings.CutPrefix(f.Usage, deprecatedPrefix); ok {
+		return name
+	}
+	return f.Name
+}
+
+// setFlags are the settings given on the command line, by canonical name.
+func setFlags(fs *flag.FlagSet) map[string]bool {
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[canonical(fl)] = true })
+	return set
 }
 
 // resolve merges the config file and the flags that were set.
@@ -65,45 +81,27 @@ func (f *sandboxFlags) resolve() (fileConfig, error) {
 		if err != nil {
 			return fc, fmt.Errorf("config: %w: %w", err, moat.ErrInvalid)
 		}
-		dec := json.NewDecoder(strings.NewReader(string(data)))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&fc); err != nil {
-			return fc, fmt.Errorf("config %s: %w: %w", f.configPath, err, moat.ErrInvalid)
+		if fc, err = decodeConfig(data); err != nil {
+			if msg, ok := strings.CutSuffix(err.Error(), ": "+moat.ErrInvalid.Error()); ok {
+				return fc, fmt.Errorf("%s (in %s): %w", msg, f.configPath, moat.ErrInvalid)
+			}
+			return fc, fmt.Errorf("%w (in %s)", err, f.configPath)
 		}
 	}
-	set := map[string]bool{}
-	f.fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
-	if set["level"] || fc.Level == "" {
-		name := f.level
-		if name == "" {
-			name = string(fc.Level)
+	set := setFlags(f.fs)
+	for name, key := range flagKeys(f.fs, &f.flags) {
+		if set[name] {
+			setKey(&fc, &f.flags, key)
 		}
-		if name == "" {
-			name = string(moat.LevelSubprocess)
-		}
-		l, err := moat.ParseLevel(name)
-		if err != nil {
-			return fc, err
-		}
-		fc.Level = l
-	} else if _, err := moat.ParseLevel(string(fc.Level)); err != nil {
+	}
+	if fc.Level == "" {
+		fc.Level = moat.LevelSubprocess
+	}
+	l, err := moat.ParseLevel(string(fc.Level))
+	if err != nil {
 		return fc, err
 	}
-	over := func(name string, apply func()) {
-		if set[name] {
-			apply()
-		}
-	}
-	over("timeout", func() { fc.Limits.WallTime = f.limits.WallTime })
-	over("cpu", func() { fc.Limits.CPUTime = f.limits.CPUTime })
-	over("memory", func() { fc.Limits.Memory = f.limits.Memory })
-	over("pids", func() { fc.Limits.Pids = f.limits.Pids })
-	over("file-size", func() { fc.Limits.FileSize = f.limits.FileSize })
-	over("disk", func() { fc.Limits.Disk = f.limits.Disk })
-	over("output", func() { fc.Limits.Output = f.limits.Output })
-	over("open-files", func() { fc.Limits.OpenFiles = f.limits.OpenFiles })
-	over("hardening", func() { fc.Subprocess.Hardening = subprocess.Hardening(f.hardening) })
-	over("python", func() { fc.Subprocess.Python = f.python })
+	fc.Level = l
 	if err := fc.Limits.Validate(); err != nil {
 		return fc, err
 	}
@@ -242,8 +240,8 @@ func (f *sandboxFlags) resolveLevels(ctx context.Context, list string) (fileConf
 	if err != nil {
 		return fc, nil, err
 	}
-	if f.level != "" {
-		list = f.level
+	if setFlags(f.fs)["level"] {
+		list = string(fc.Level)
 	}
 	lvls, err := parseLevels(ctx, list, fc)
 	return fc, lvls, err
@@ -307,16 +305,34 @@ func parseFlags(fs *flag.FlagSet, args []string, stdio Stdio) (code int, ok bool
 	fs.SetOutput(stdio.Err)
 	fs.Usage = func() {} // errors stay one line; -h is handled below
 	err := fs.Parse(args)
-	if err == nil {
-		return 0, true
-	}
 	if err == flag.ErrHelp {
 		fmt.Fprintf(stdio.Out, "usage: %s\n\nflags:\n", commandUsage[fs.Name()])
 		fs.SetOutput(stdio.Out)
 		fs.PrintDefaults()
+		if fs.Lookup("config") != nil {
+			fmt.Fprintln(stdio.Out, "\nA flag given overrides the same setting of the --config file; docs/config.md lists both.")
+		}
 		return exitOK, false
 	}
-	return exitUsage, false
+	if err != nil {
+		return exitUsage, false
+	}
+	given := map[string]string{}
+	var clash error
+	fs.Visit(func(f *flag.Flag) {
+		name := canonical(f)
+		if name != f.Name {
+			fmt.Fprintf(stdio.Err, "moat: --%s is deprecated: use --%s\n", f.Name, name)
+		}
+		if other, ok := given[name]; ok && clash == nil {
+			clash = fmt.Errorf("--%s and --%s are the same setting: give one: %w", other, f.Name, moat.ErrInvalid)
+		}
+		given[name] = f.Name
+	})
+	if clash != nil {
+		return exitFor(stdio, clash), false
+	}
+	return 0, true
 }
 
 // newFlagSet returns an empty flag set that reports errors instead of

@@ -37,7 +37,7 @@ func TestBadInputIsOneLineAndExit2(t *testing.T) {
 		{"run", missing},
 		{"run", "--level", "nope", "-c", "print(1)"},
 		{"run", "--memory", "12x", "-c", "print(1)"},
-		{"run", "--timeout", "-3s", "-c", "print(1)"},
+		{"run", "--wall-time", "-3s", "-c", "print(1)"},
 		{"run", "--pids", "-1", "-c", "print(1)"},
 		{"run", "--hardening", "paranoid", "-c", "print(1)"},
 		{"run", "-c", "print(1)", "file.py"},
@@ -96,7 +96,7 @@ func TestRunFileAndStdin(t *testing.T) {
 
 func TestRunReportsReason(t *testing.T) {
 	requireRoot(t)
-	stdout, _, _ := runMoat(t, "", "run", "--json", "--timeout", "1s", "-c", "while True: pass")
+	stdout, _, _ := runMoat(t, "", "run", "--json", "--wall-time", "1s", "-c", "while True: pass")
 	var got struct{ Reason string }
 	if err := json.Unmarshal([]byte(stdout), &got); err != nil || got.Reason != "timeout" {
 		t.Errorf("reason %q (%v), want timeout", got.Reason, err)
@@ -111,7 +111,7 @@ func TestRunOutputCapBoundsTheTerminal(t *testing.T) {
 	// the cap not hold.
 	var stdout headWriter
 	var stderr bytes.Buffer
-	code := dispatch(context.Background(), []string{"run", "--output", "1KiB", "--timeout", "10s", "-c", "while True: print(1)"},
+	code := dispatch(context.Background(), []string{"run", "--output", "1KiB", "--wall-time", "10s", "-c", "while True: print(1)"},
 		Stdio{In: strings.NewReader(""), Out: &stdout, Err: &stderr})
 	if stdout.n > 1024 || !strings.HasPrefix(string(stdout.head), "1\n1\n") {
 		t.Errorf("printed %d bytes to stdout (%.40q...), want at most the 1KiB cap of the code's output", stdout.n, stdout.head)
@@ -183,7 +183,7 @@ func TestDoctorJSON(t *testing.T) {
 
 func TestAttackJSONSubprocess(t *testing.T) {
 	requireRoot(t)
-	stdout, stderr, code := runMoat(t, "", "attack", "--levels", "subprocess", "--json", "--timeout", "2s")
+	stdout, stderr, code := runMoat(t, "", "attack", "--levels", "subprocess", "--json", "--wall-time", "2s")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}

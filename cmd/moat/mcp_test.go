@@ -48,7 +48,7 @@ func TestMCPTypeScriptClient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mcptest.Run(t, []string{envMain + "=1"}, "--", self, "mcp", "--timeout", "5s")
+	mcptest.Run(t, []string{envMain + "=1"}, "--", self, "mcp", "--wall-time", "5s")
 }
 
 func goClient(t *testing.T, tr mcp.Transport) *mcp.ClientSession {
@@ -82,7 +82,7 @@ func TestMCPStdio(t *testing.T) {
 	var stderr bytes.Buffer
 	done := make(chan int, 1)
 	go func() {
-		done <- cmdMCP(context.Background(), []string{"--timeout", "5s"}, Stdio{In: inR, Out: outW, Err: &stderr})
+		done <- cmdMCP(context.Background(), []string{"--wall-time", "5s"}, Stdio{In: inR, Out: outW, Err: &stderr})
 		outW.Close()
 	}()
 	cs := goClient(t, &mcp.IOTransport{Reader: outR, Writer: inW})
@@ -106,7 +106,7 @@ func TestMCPHTTP(t *testing.T) {
 	errR, errW := io.Pipe()
 	done := make(chan int, 1)
 	go func() {
-		done <- cmdMCP(ctx, []string{"--http", "127.0.0.1:0", "--timeout", "5s"}, Stdio{In: strings.NewReader(""), Out: io.Discard, Err: errW})
+		done <- cmdMCP(ctx, []string{"--http", "127.0.0.1:0", "--wall-time", "5s"}, Stdio{In: strings.NewReader(""), Out: io.Discard, Err: errW})
 		errW.Close()
 	}()
 	// The command says where it listens.

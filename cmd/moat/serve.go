@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -25,58 +26,42 @@ func init() {
 func cmdServe(ctx context.Context, args []string, stdio Stdio) int {
 	fs := newFlagSet("serve")
 	sf := addSandboxFlags(fs)
-	var cfg server.Config
-	addr := fs.String("addr", "127.0.0.1:8080", "listen address; a non-loopback address exposes the API beyond this machine")
-	tokensFile := fs.String("tokens-file", "", `bearer tokens, one "NAME TOKEN" per line (# comments), or a JSON list of {"name","token"}; required`)
-	levels := fs.String("levels", "", "levels to serve: comma-separated, or all (every level available here); default: the --level")
-	fs.StringVar(&cfg.StateDir, "state-dir", "", "directory of the session database (default /var/lib/moat as root)")
-	fs.Var(&cfg.MaxCodeBytes, "max-code", "largest code of one run (default 1MiB)")
-	fs.Var(&cfg.MaxBodyBytes, "max-body", "largest JSON request body (default max-code + 64KiB)")
-	fs.Var(&cfg.MaxFileBytes, "max-file", "largest uploaded file (default 16MiB)")
-	fs.IntVar(&cfg.MaxSessionsPerToken, "max-sessions", 0, "sessions per token (default 16)")
-	fs.IntVar(&cfg.MaxConcurrentRuns, "max-runs", 0, "runs executing at once (default 2 x CPUs)")
-	fs.IntVar(&cfg.QueueLength, "queue", 0, "runs waiting for a slot before 429 (default 64)")
-	fs.Var(&cfg.QueueWait, "queue-wait", "longest wait for a slot before 503 (default 30s)")
-	fs.IntVar(&cfg.MaxRunsPerToken, "max-runs-per-token", 0, "runs of one token executing at once (default half of max-runs, rounded up; all with one token)")
-	fs.IntVar(&cfg.QueuePerToken, "queue-per-token", 0, "runs of one token waiting for a slot before 429 token_busy (default half of queue, rounded up; all with one token)")
-	fs.Var(&cfg.StreamBuffer, "stream-buffer", "how far a streaming client may fall behind the output before its live output stops (default 2MiB)")
-	fs.Var(&cfg.ReadHeaderTimeout, "read-header-timeout", "longest a connection may take to send a request's headers (default 10s)")
-	fs.Var(&cfg.ReadTimeout, "read-timeout", "longest a connection may take to send a whole request, body included (default 1m)")
-	fs.Var(&cfg.WriteTimeout, "write-timeout", "longest one write of an answer may wait for a client that does not read; it is then dropped (default 30s)")
-	fs.Var(&cfg.ConnIdleTimeout, "conn-idle-timeout", "longest a keep-alive connection may wait for its next request (default 1m)")
-	fs.IntVar(&cfg.MaxConnections, "max-connections", 0, "connections open at once; more wait in the listen backlog (default 512)")
-	fs.Var(&cfg.SessionTTL, "session-ttl", "default session time to live (default 30m)")
-	fs.Var(&cfg.MaxSessionTTL, "max-session-ttl", "longest session time to live (default 8h)")
-	fs.Var(&cfg.IdleTimeout, "idle-timeout", "default session idle timeout (default 10m)")
-	shutdownWait := moat.Duration(30 * time.Second)
-	fs.Var(&shutdownWait, "shutdown-timeout", "how long SIGTERM waits for runs in progress before cancelling them")
-	logJSON := fs.Bool("log-json", false, "log JSON lines instead of text")
+	addServerFlags(fs, &sf.flags.Server)
 	if code, ok := parseFlags(fs, args, stdio); !ok {
 		return code
 	}
 	if fs.NArg() > 0 {
 		return exitFor(stdio, fmt.Errorf("serve: unexpected argument %q: %w", fs.Arg(0), moat.ErrInvalid))
 	}
+	fc, err := sf.resolve()
+	if err != nil {
+		return exitFor(stdio, err)
+	}
+	sc := fc.Server
+	cfg := sc.Config
+	if cfg.Addr == "" {
+		cfg.Addr = defaultAddr
+	}
+	shutdownWait := sc.ShutdownTimeout
+	if shutdownWait == 0 {
+		shutdownWait = defaultShutdownTimeout
+	}
 	var handler slog.Handler = slog.NewTextHandler(stdio.Err, nil)
-	if *logJSON {
+	if sc.LogJSON {
 		handler = slog.NewJSONHandler(stdio.Err, nil)
 	}
 	log := slog.New(handler)
 	cfg.Logger = log
 
-	fc, err := sf.resolve()
-	if err != nil {
-		return exitFor(stdio, err)
+	if sc.TokensFile == "" {
+		return exitFor(stdio, fmt.Errorf("serve: --tokens-file (server.tokens_file) is required: the API serves only holders of a token: %w", moat.ErrInvalid))
 	}
-	if *tokensFile == "" {
-		return exitFor(stdio, fmt.Errorf("serve: --tokens-file is required: the API serves only holders of a token: %w", moat.ErrInvalid))
-	}
-	tokens, err := readTokens(*tokensFile)
+	tokens, err := readTokens(sc.TokensFile)
 	if err != nil {
 		return exitFor(stdio, err)
 	}
 	cfg.Tokens = tokens
-	names := *levels
+	names := sc.Levels
 	if names == "" {
 		names = string(fc.Level)
 	}
@@ -91,7 +76,7 @@ func cmdServe(ctx context.Context, args []string, stdio Stdio) int {
 		return exitFor(stdio, err)
 	}
 	// Listen first: a refused address needs no sandbox.
-	ln, err := net.Listen("tcp", *addr)
+	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return exitFor(stdio, fmt.Errorf("serve: %w: %w", err, moat.ErrInvalid))
 	}
@@ -147,6 +132,44 @@ func cmdServe(ctx context.Context, args []string, stdio Stdio) int {
 	}
 	log.Info("serve: stopped")
 	return exitOK
+}
+
+// addServerFlags registers moat serve's own flags, each named for its key
+// in the config file's server section (server.max_code_bytes is
+// --max-code-bytes), and the old spellings as deprecated ones.
+func addServerFlags(fs *flag.FlagSet, sc *serverSection) {
+	cfg := &sc.Config
+	fs.StringVar(&cfg.Addr, "addr", "", "listen address; a non-loopback address exposes the API beyond this machine (default "+defaultAddr+")")
+	fs.StringVar(&sc.TokensFile, "tokens-file", "", `bearer tokens, one "NAME TOKEN" per line (# comments), or a JSON list of {"name","token"}; required`)
+	fs.StringVar(&sc.Levels, "levels", "", "levels to serve: comma-separated, or all (every level available here); default: the --level")
+	fs.StringVar(&cfg.StateDir, "state-dir", "", "directory of the session database (default /var/lib/moat as root)")
+	fs.Var(&cfg.MaxCodeBytes, "max-code-bytes", "largest code of one run (default 1MiB)")
+	deprecate(fs, "max-code", "max-code-bytes")
+	fs.Var(&cfg.MaxBodyBytes, "max-body-bytes", "largest JSON request body (default max-code-bytes + 64KiB)")
+	deprecate(fs, "max-body", "max-body-bytes")
+	fs.Var(&cfg.MaxFileBytes, "max-file-bytes", "largest uploaded file (default 16MiB)")
+	deprecate(fs, "max-file", "max-file-bytes")
+	fs.IntVar(&cfg.MaxSessionsPerToken, "max-sessions-per-token", 0, "sessions per token (default 16)")
+	deprecate(fs, "max-sessions", "max-sessions-per-token")
+	fs.IntVar(&cfg.MaxConcurrentRuns, "max-concurrent-runs", 0, "runs executing at once (default 2 x CPUs)")
+	deprecate(fs, "max-runs", "max-concurrent-runs")
+	fs.IntVar(&cfg.QueueLength, "queue-length", 0, "runs waiting for a slot before 429 (default 64)")
+	deprecate(fs, "queue", "queue-length")
+	fs.Var(&cfg.QueueWait, "queue-wait", "longest wait for a slot before 503 (default 30s)")
+	fs.IntVar(&cfg.MaxRunsPerToken, "max-runs-per-token", 0, "runs of one token executing at once (default half of max-concurrent-runs, rounded up; all with one token)")
+	fs.IntVar(&cfg.QueuePerToken, "queue-per-token", 0, "runs of one token waiting for a slot before 429 token_busy (default half of queue-length, rounded up; all with one token)")
+	fs.Var(&cfg.StreamBuffer, "stream-buffer", "how far a streaming client may fall behind the output before its live output stops (default 2MiB)")
+	fs.Var(&cfg.ReadHeaderTimeout, "read-header-timeout", "longest a connection may take to send a request's headers (default 10s)")
+	fs.Var(&cfg.ReadTimeout, "read-timeout", "longest a connection may take to send a whole request, body included (default 1m)")
+	fs.Var(&cfg.WriteTimeout, "write-timeout", "longest one write of an answer may wait for a client that does not read; it is then dropped (default 30s)")
+	fs.Var(&cfg.ConnIdleTimeout, "conn-idle-timeout", "longest a keep-alive connection may wait for its next request (default 1m)")
+	fs.IntVar(&cfg.MaxConnections, "max-connections", 0, "connections open at once; more wait in the listen backlog (default 512)")
+	fs.Var(&cfg.SessionTTL, "session-ttl", "default session time to live (default 30m)")
+	fs.Var(&cfg.MaxSessionTTL, "max-session-ttl", "longest session time to live (default 8h)")
+	fs.Var(&cfg.IdleTimeout, "idle-timeout", "default session idle timeout (default 10m)")
+	fs.Var(&cfg.SweepInterval, "sweep-interval", "how often expired and idle sessions are looked for (default 1s)")
+	fs.Var(&sc.ShutdownTimeout, "shutdown-timeout", "how long SIGTERM waits for runs in progress before cancelling them (default 30s)")
+	fs.BoolVar(&sc.LogJSON, "log-json", false, "log JSON lines instead of text")
 }
 
 // readTokens reads the operator's tokens: a JSON list of {"name", "token"},

@@ -88,7 +88,7 @@ func TestServe(t *testing.T) {
 	var errb lockedBuffer
 	done := make(chan int, 1)
 	go func() {
-		done <- cmdServe(ctx, []string{"--addr", "127.0.0.1:0", "--tokens-file", tokens, "--state-dir", t.TempDir(), "--timeout", "5s",
+		done <- cmdServe(ctx, []string{"--addr", "127.0.0.1:0", "--tokens-file", tokens, "--state-dir", t.TempDir(), "--wall-time", "5s",
 			"--max-runs-per-token", "2", "--queue-per-token", "4", "--stream-buffer", "4MiB", "--read-header-timeout", "5s",
 			"--read-timeout", "30s", "--write-timeout", "10s", "--conn-idle-timeout", "30s", "--max-connections", "64"},
 			Stdio{In: strings.NewReader(""), Out: io.Discard, Err: &errb})
