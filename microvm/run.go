@@ -237,9 +237,6 @@ loop:
 			res.Signal = unix.SignalName(syscall.Signal(exit.Signal))
 		}
 		res.Reason = moat.Reason(exit.Reason)
-		if res.Truncated && (res.Reason == moat.ReasonNone || res.Reason == moat.ReasonSignal) {
-			res.Reason = moat.ReasonOutput
-		}
 	case canceled && !started:
 		return nil, ctx.Err()
 	case canceled, hostKill:

@@ -560,7 +560,11 @@ func (r *run) do(ctx context.Context) (*moat.Result, error) {
 		}
 		return nil, fmt.Errorf("subprocess: %w", err)
 	}
-	r.atStart = filesAtLimit(r.dir, int64(lim.FileSize)) // the code file is not the run's
+	if int64(len(r.req.Code)) >= int64(lim.FileSize) {
+		// The fresh directory holds only the code file: it is not the
+		// run's, and no walk is needed on the run's path otherwise.
+		r.atStart = filesAtLimit(r.dir, int64(lim.FileSize))
+	}
 	if s.strict {
 		group, err := s.cg.New(r.id, cgroup.Limits{Memory: int64(lim.Memory), Pids: int64(lim.Pids)})
 		if err != nil {
