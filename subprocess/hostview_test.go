@@ -92,11 +92,13 @@ func received(ch <-chan string, wait time.Duration) []string {
 	}
 }
 
-// reaimProbe sends a token to each address from one end of a socketpair,
-// in every way the kernel allows: sendto, and connect then send.
+// reaimProbe sends a token to each address in ADDRS from one end of a
+// datagram socketpair, in every way the kernel allows: sendto, sendmsg's
+// msg_name (which seccomp cannot see), and connect then send. A refused
+// datagram socketpair counts as blocked, and the probe goes on.
 const reaimProbe = `
-import socket, sys
-for i, addr in enumerate(sys.argv[1:] if len(sys.argv) > 1 else ADDRS):
+import socket
+for i, addr in enumerate(ADDRS):
     try:
         a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
     except OSError as e:
@@ -107,6 +109,10 @@ for i, addr in enumerate(sys.argv[1:] if len(sys.argv) > 1 else ADDRS):
         a.sendto(("sendto-%d" % i).encode(), target)
     except OSError as e:
         print("sendto", addr, e.errno)
+    try:
+        a.sendmsg([("sendmsg-%d" % i).encode()], [], 0, target)
+    except OSError as e:
+        print("sendmsg", addr, e.errno)
     try:
         a.connect(target)
         a.send(("connect-%d" % i).encode())
@@ -133,11 +139,11 @@ func TestNoHostUnixDatagram(t *testing.T) {
 	code := fmt.Sprintf("ADDRS = [%s, %s]\n", strconv.Quote(path), strconv.Quote(abstract)) + reaimProbe
 
 	onHost(t, code)
-	if got := received(byPath, 200*time.Millisecond); len(got) != 2 {
-		t.Fatalf("on the host the probe delivered %q by path, want both datagrams: it is broken", got)
+	if got := received(byPath, 200*time.Millisecond); len(got) != 3 {
+		t.Fatalf("on the host the probe delivered %q by path, want all three datagrams: it is broken", got)
 	}
-	if got := received(byName, 200*time.Millisecond); len(got) != 2 {
-		t.Fatalf("on the host the probe delivered %q by abstract name, want both datagrams: it is broken", got)
+	if got := received(byName, 200*time.Millisecond); len(got) != 3 {
+		t.Fatalf("on the host the probe delivered %q by abstract name, want all three datagrams: it is broken", got)
 	}
 
 	sb := newStrict(t, moat.Limits{})
