@@ -35,7 +35,6 @@ func boundScratch(t *testing.T) string {
 	return dir
 }
 
-
 // TestReviewDatagramSocketInBoundDir: a datagram socket file of the host
 // that lies inside a directory bound into the run's root (/usr, /etc/ssl,
 // the interpreter's prefix) is the same inode there, and neither the mount
