@@ -57,8 +57,12 @@ func enterRoot(r *rootSpec) error {
 	if r.Mount == "" || r.Work == "" {
 		return errors.New("incomplete root spec")
 	}
-	// The helper's UTS namespace (warm.go) starts as a copy of the host's:
-	// the host's name is not the run's business.
+	// A UTS namespace of the thread's own, made here so that the host
+	// name set below can never be the host's: the host's name is not the
+	// run's business.
+	if err := unix.Unshare(unix.CLONE_NEWUTS); err != nil {
+		return fmt.Errorf("unshare UTS namespace: %w", err)
+	}
 	if err := unix.Sethostname([]byte("moat")); err != nil {
 		return fmt.Errorf("set the run's host name: %w", err)
 	}

@@ -82,7 +82,7 @@ func (s *Sandbox) helperCmd() *exec.Cmd {
 		// that is down: no interface, address or route of the host, and
 		// abstract unix names of its own. Made here, ahead of the run,
 		// since it costs a millisecond or two.
-		cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWNET | syscall.CLONE_NEWUTS
+		cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWNET
 	}
 	if !s.root {
 		cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWUSER
