@@ -27,7 +27,11 @@ func sleeperPy(marker, hello string) string {
 }
 
 func testWallTime(t *testing.T, s *suite) {
-	wall := 2 * time.Second
+	// Long enough for the tree below to be built at the slowest level (a
+	// microvm under TCG starts each python3 in about a second; at 2 s the
+	// tree was not there in half the runs), short enough to keep the suite
+	// quick.
+	wall := 5 * time.Second
 	b := s.sandbox(t, moat.Limits{WallTime: moat.Duration(wall)})
 	marker := token("moatwall")
 	// A tree that a process-group kill misses: a grandchild in a session of
