@@ -46,17 +46,37 @@ type SessionOptions struct {
 // It may be called more than once.
 type Session interface {
 	Run(ctx context.Context, req Request) (*Result, error)
+	Files
+	Close() error
+}
+
+// Files are the file operations of a session's working directory. Names
+// are slash-separated paths relative to it, checked as [Session] says.
+// Missing files give errors wrapping fs.ErrNotExist; names that are not
+// usable (an escape, a directory where a file is wanted, a write past the
+// disk or file size limit) give errors wrapping ErrInvalid, and change
+// nothing.
+type Files interface {
 	// WriteFile creates or replaces name with the contents of r, creating
 	// parent directories. It fails with an error wrapping ErrInvalid when
-	// the write would pass the disk limit.
+	// the write would pass the disk limit or the file size limit; the file
+	// is then as it was.
 	WriteFile(ctx context.Context, name string, r io.Reader) error
-	// ReadFile returns the contents of name. The caller closes it.
+	// ReadFile returns the contents of name, a regular file. The caller
+	// closes it.
 	ReadFile(ctx context.Context, name string) (io.ReadCloser, error)
-	// ListFiles returns the files of the working directory, recursively.
+	// ListFiles returns the files of the working directory, recursively,
+	// without following symbolic links.
 	ListFiles(ctx context.Context) ([]FileInfo, error)
-	// RemoveFile removes name (a file, or an empty directory).
+	// Stat describes name without following it if it is a symbolic link.
+	Stat(ctx context.Context, name string) (FileInfo, error)
+	// Mkdir creates the directory name and its missing parents.
+	Mkdir(ctx context.Context, name string) error
+	// Rename moves from to to, replacing a file at to.
+	Rename(ctx context.Context, from, to string) error
+	// RemoveFile removes name (a file, a symbolic link itself, or an empty
+	// directory).
 	RemoveFile(ctx context.Context, name string) error
-	Close() error
 }
 
 // FileInfo describes one file of a session.

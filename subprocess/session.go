@@ -575,3 +575,63 @@ func (ss *Session) RemoveFile(ctx context.Context, name string) error {
 	defer root.Close()
 	return fileError("remove", name, root.Remove(name))
 }
+
+// Stat describes name without following a symbolic link; see moat.Files.
+func (ss *Session) Stat(ctx context.Context, name string) (moat.FileInfo, error) {
+	if err := checkName(name); err != nil {
+		return moat.FileInfo{}, err
+	}
+	if err := ss.acquire(ctx); err != nil {
+		return moat.FileInfo{}, err
+	}
+	defer ss.release()
+	root, err := os.OpenRoot(ss.dir)
+	if err != nil {
+		return moat.FileInfo{}, fmt.Errorf("subprocess: %w", err)
+	}
+	defer root.Close()
+	info, err := root.Lstat(name)
+	if err != nil {
+		return moat.FileInfo{}, fileError("stat", name, err)
+	}
+	return moat.FileInfo{Name: name, Size: info.Size(), Mode: info.Mode(), ModTime: info.ModTime(), IsDir: info.IsDir()}, nil
+}
+
+// Mkdir creates the directory name and its missing parents, owned by the
+// session's uid; see moat.Files.
+func (ss *Session) Mkdir(ctx context.Context, name string) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	if err := ss.acquire(ctx); err != nil {
+		return err
+	}
+	defer ss.release()
+	root, err := os.OpenRoot(ss.dir)
+	if err != nil {
+		return fmt.Errorf("subprocess: %w", err)
+	}
+	defer root.Close()
+	uid, gid := ss.uid()
+	return fileError("mkdir", name, mkdirAllOwned(root, name, uid, gid))
+}
+
+// Rename moves from to to inside the session's directory; see moat.Files.
+func (ss *Session) Rename(ctx context.Context, from, to string) error {
+	if err := checkName(from); err != nil {
+		return err
+	}
+	if err := checkName(to); err != nil {
+		return err
+	}
+	if err := ss.acquire(ctx); err != nil {
+		return err
+	}
+	defer ss.release()
+	root, err := os.OpenRoot(ss.dir)
+	if err != nil {
+		return fmt.Errorf("subprocess: %w", err)
+	}
+	defer root.Close()
+	return fileError("rename", from, root.Rename(from, to))
+}

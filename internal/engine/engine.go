@@ -1,0 +1,293 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/internal/capture"
+)
+
+// Config configures the engine over one backend.
+type Config struct {
+	// Level is the level the backend is; it names results and errors.
+	Level moat.Level
+	// Limits bound each run; zero fields mean moat's defaults.
+	Limits moat.Limits
+	// Warm is how many instances are kept prepared ahead of runs. Zero
+	// means DefaultWarm; -1 means none (every run prepares its own).
+	Warm int
+	// MaxRuns caps how many runs (and session runs) are in progress at
+	// once; the others wait for a slot, or for their context. Zero means no
+	// cap.
+	MaxRuns int
+	// MaxCode is the most code one run may carry, on top of the disk
+	// limit. Zero means only the disk limit caps it.
+	MaxCode int
+	// Notes are put in every Result, before the evidence's own.
+	Notes []string
+	// Logger gets a line per run at debug level. Nil means discard.
+	Logger *slog.Logger
+}
+
+// DefaultWarm is what a zero Config.Warm means, and MaxWarm the most it may
+// ask.
+const (
+	DefaultWarm = 1
+	MaxWarm     = 16
+)
+
+// ValidateWarm checks a level's warm setting; the error wraps
+// moat.ErrInvalid and names the level.
+func ValidateWarm(level moat.Level, warm int) error {
+	if warm < -1 || warm > MaxWarm {
+		return fmt.Errorf("%s: warm %d is not between -1 (none) and %d: %w", level, warm, MaxWarm, moat.ErrInvalid)
+	}
+	return nil
+}
+
+// Sandbox is a moat.Sandbox over a backend; it is a moat.Sessioner when the
+// backend is a SessionBackend.
+type Sandbox struct {
+	cfg    Config
+	lim    moat.Limits
+	b      Backend
+	log    *slog.Logger
+	pool   *pool
+	slots  chan struct{}
+	mu     sync.Mutex
+	closed bool
+	runs   sync.WaitGroup
+}
+
+var _ moat.Sandbox = (*Sandbox)(nil)
+
+// New returns the engine over b. It starts preparing Config.Warm instances
+// in the background.
+func New(cfg Config, b Backend) (*Sandbox, error) {
+	if err := ValidateWarm(cfg.Level, cfg.Warm); err != nil {
+		return nil, err
+	}
+	if err := cfg.Limits.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Sandbox{cfg: cfg, lim: cfg.Limits.WithDefaults(), b: b, log: cfg.Logger}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.MaxRuns > 0 {
+		s.slots = make(chan struct{}, cfg.MaxRuns)
+	}
+	warm := cfg.Warm
+	if warm == 0 {
+		warm = DefaultWarm
+	}
+	s.pool = newPool(b, max(warm, 0), s.log, cfg.Level)
+	return s, nil
+}
+
+// Level returns the backend's level.
+func (s *Sandbox) Level() moat.Level { return s.cfg.Level }
+
+// Limits returns the limits every run gets, defaults filled in.
+func (s *Sandbox) Limits() moat.Limits { return s.lim }
+
+// Backend returns the backend under s.
+func (s *Sandbox) Backend() Backend { return s.b }
+
+// Close makes later runs fail with moat.ErrClosed, waits for the runs in
+// progress, discards the pooled instances and closes the backend. Calls
+// after the first return nil.
+func (s *Sandbox) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	s.runs.Wait()
+	s.pool.close()
+	return s.b.Close()
+}
+
+// enter checks the request and counts a run in; the caller calls s.runs.Done.
+func (s *Sandbox) enter(req moat.Request) error {
+	if err := s.checkCode(req.Code); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("%s: %w", s.cfg.Level, moat.ErrClosed)
+	}
+	s.runs.Add(1)
+	return nil
+}
+
+func (s *Sandbox) checkCode(code []byte) error {
+	if len(code) == 0 {
+		return fmt.Errorf("%s: empty code: %w", s.cfg.Level, moat.ErrInvalid)
+	}
+	if int64(len(code)) > int64(s.lim.Disk) {
+		return fmt.Errorf("%s: code of %d bytes does not fit in the disk limit %v: %w", s.cfg.Level, len(code), s.lim.Disk, moat.ErrInvalid)
+	}
+	if s.cfg.MaxCode > 0 && len(code) > s.cfg.MaxCode {
+		return fmt.Errorf("%s: code of %d bytes is more than the level takes (%d): %w", s.cfg.Level, len(code), s.cfg.MaxCode, moat.ErrInvalid)
+	}
+	return nil
+}
+
+// slot waits for a run slot when MaxRuns caps them; release gives it back.
+func (s *Sandbox) slot(ctx context.Context) (release func(), err error) {
+	if s.slots == nil {
+		return func() {}, nil
+	}
+	select {
+	case s.slots <- struct{}{}:
+		return func() { <-s.slots }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// Run runs req in a fresh instance; see moat.Sandbox.
+func (s *Sandbox) Run(ctx context.Context, req moat.Request) (*moat.Result, error) {
+	if err := s.enter(req); err != nil {
+		return nil, err
+	}
+	defer s.runs.Done()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	release, err := s.slot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	res, err := s.runFresh(ctx, req, start)
+	if err != nil {
+		return nil, err
+	}
+	s.log.Debug(string(s.cfg.Level)+": run", "duration", res.Duration, "exit", res.ExitCode, "reason", res.Reason)
+	return res, nil
+}
+
+func (s *Sandbox) runFresh(ctx context.Context, req moat.Request, start time.Time) (*moat.Result, error) {
+	for attempt := 0; ; attempt++ {
+		inst, err := s.pool.take(ctx)
+		if err != nil {
+			return nil, s.setupError(ctx, err)
+		}
+		res, err := s.runIn(ctx, inst.Start, req, start)
+		inst.Discard()
+		if errors.Is(err, ErrStale) && attempt == 0 {
+			continue
+		}
+		if res != nil {
+			res.Duration = time.Since(start)
+		}
+		return res, err
+	}
+}
+
+// setupError is err, or the caller's cancellation when that is what it was.
+func (s *Sandbox) setupError(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if errors.Is(err, moat.ErrUnavailable) || errors.Is(err, moat.ErrInvalid) || errors.Is(err, moat.ErrClosed) ||
+		errors.Is(err, moat.ErrSpent) || errors.Is(err, ErrStale) {
+		return err
+	}
+	return fmt.Errorf("%s: %w: %w", s.cfg.Level, moat.ErrUnavailable, err)
+}
+
+// starter is Instance.Start or SessionInstance.Start.
+type starter func(ctx context.Context, code []byte, stdout, stderr io.Writer) (Process, error)
+
+// runIn is the one run lifecycle: start the code with its output captured,
+// kill it at the wall time, on cancellation or past the output cap, wait for
+// its end and judge it.
+func (s *Sandbox) runIn(ctx context.Context, start starter, req moat.Request, began time.Time) (*moat.Result, error) {
+	lim := s.lim
+	k := &killer{}
+	stdout := capture.New(int64(lim.Output), req.Stdout, func() { k.kill(&k.output) })
+	stderr := capture.New(int64(lim.Output), req.Stderr, func() { k.kill(&k.output) })
+	p, err := start(ctx, req.Code, stdout, stderr)
+	if err != nil {
+		return nil, s.setupError(ctx, err)
+	}
+	k.set(p)
+
+	wall := time.AfterFunc(time.Duration(lim.WallTime), func() { k.kill(&k.wall) })
+	stopCancel := context.AfterFunc(ctx, func() { k.kill(&k.canceled) })
+	ev, err := p.Wait()
+	wall.Stop()
+	stopCancel()
+	k.mu.Lock()
+	ev.Canceled, ev.WallTime, ev.Output = k.canceled, k.wall, k.output
+	k.mu.Unlock()
+	if stdout.Truncated() || stderr.Truncated() {
+		ev.Output = true
+	}
+	if err != nil && !ev.Canceled && !ev.WallTime && !ev.Output {
+		return nil, s.setupError(context.Background(), err)
+	}
+	v := Judge(ev)
+	res := &moat.Result{
+		Level:     s.cfg.Level,
+		Stdout:    stdout.Bytes(),
+		Stderr:    stderr.Bytes(),
+		Truncated: stdout.Truncated() || stderr.Truncated(),
+		ExitCode:  v.ExitCode,
+		Signal:    v.SignalName(),
+		Reason:    v.Reason,
+		Duration:  time.Since(began),
+	}
+	if n := len(s.cfg.Notes) + len(ev.Notes); n > 0 {
+		res.Notes = append(append(make([]string, 0, n), s.cfg.Notes...), ev.Notes...)
+	}
+	return res, nil
+}
+
+// killer kills a run once, for the first reason, even before its Process is
+// known (output may pass the cap while Start is still returning).
+type killer struct {
+	mu                     sync.Mutex
+	p                      Process
+	pending                bool
+	canceled, wall, output bool
+}
+
+func (k *killer) kill(why *bool) {
+	k.mu.Lock()
+	first := !k.canceled && !k.wall && !k.output
+	if first {
+		*why = true
+	}
+	p := k.p
+	if p == nil {
+		k.pending = true
+	}
+	k.mu.Unlock()
+	if p != nil {
+		p.Kill()
+	}
+}
+
+func (k *killer) set(p Process) {
+	k.mu.Lock()
+	k.p = p
+	pending := k.pending
+	k.mu.Unlock()
+	if pending {
+		p.Kill()
+	}
+}

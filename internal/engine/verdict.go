@@ -1,0 +1,114 @@
+package engine
+
+import (
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/moatsandbox/moat"
+)
+
+// Evidence is what moat knows about how a run ended, all of it from outside
+// the code. The engine sets Canceled, WallTime and Output; the backend sets
+// the rest from what its level lets the host see.
+type Evidence struct {
+	// Set by the engine.
+
+	// Canceled: the engine killed the run because the caller's context
+	// ended.
+	Canceled bool
+	// WallTime: the engine killed the run at the wall time.
+	WallTime bool
+	// Output: an output stream passed its cap and the engine killed the
+	// run.
+	Output bool
+
+	// Set by the backend.
+
+	// Exited says the code's first process ended by itself and Status is
+	// how, as the host kernel (or a component outside the code that the
+	// level trusts: gVisor's sentry, the microvm guest agent) reported it.
+	// When it is false the code was killed, and the verdict says SIGKILL.
+	Exited bool
+	Status syscall.WaitStatus
+	// CPUTime: the run's CPU time reached the limit (the backend's watch
+	// killed it, or its rlimit sent SIGXCPU).
+	CPUTime bool
+	// Memory: the memory limit was hit (an OOM kill in the run's cgroup).
+	Memory bool
+	// Pids: the process limit refused a fork or a thread.
+	Pids bool
+	// FileSize: the run wrote a file that reached the file size limit.
+	FileSize bool
+	// Disk: the run's writable space ran out.
+	Disk bool
+
+	// Notes are facts for the Result's Notes (an interpreter restarted).
+	Notes []string
+	// Spent says a session's budget ran out with this run; the session's
+	// later runs fail with moat.ErrSpent.
+	Spent bool
+}
+
+// Verdict is how a run ended, for moat.Result.
+type Verdict struct {
+	ExitCode int
+	Signal   syscall.Signal // 0 when the code exited by itself
+	Reason   moat.Reason
+}
+
+// SignalName is the Result's name for v.Signal, or "".
+func (v Verdict) SignalName() string {
+	if v.Signal == 0 {
+		return ""
+	}
+	return unix.SignalName(v.Signal)
+}
+
+// Judge turns evidence into the run's verdict. The exit code is the code's
+// status, or 128 plus the signal that ended it; a run that moat ended
+// (cancelled, at the wall time, past the output cap) or that was not seen
+// to end by itself reports SIGKILL. The reason is the first that applies in
+// the order moat.Reason documents: canceled, timeout, memory, pids,
+// filesize, disk, output, signal.
+func Judge(ev Evidence) Verdict {
+	var v Verdict
+	killedByUs := ev.Canceled || ev.WallTime || ev.Output
+	switch {
+	case killedByUs || !ev.Exited:
+		v.Signal = syscall.SIGKILL
+	case ev.Status.Signaled():
+		v.Signal = ev.Status.Signal()
+	default:
+		v.ExitCode = ev.Status.ExitStatus()
+	}
+	if v.Signal != 0 {
+		v.ExitCode = 128 + int(v.Signal)
+	}
+	switch {
+	case ev.Canceled:
+		v.Reason = moat.ReasonCanceled
+	case ev.WallTime || ev.CPUTime || v.Signal == syscall.SIGXCPU:
+		v.Reason = moat.ReasonTimeout
+	case ev.Memory:
+		v.Reason = moat.ReasonMemory
+	case ev.Pids:
+		v.Reason = moat.ReasonPids
+	case ev.FileSize:
+		v.Reason = moat.ReasonFileSize
+	case ev.Disk:
+		v.Reason = moat.ReasonDisk
+	case ev.Output:
+		v.Reason = moat.ReasonOutput
+	case v.Signal != 0:
+		v.Reason = moat.ReasonSignal
+	}
+	return v
+}
+
+// Exit and Signaled build the Status of a process that exited with code
+// or was killed by sig, for backends whose level reports them apart.
+func Exit(code int) syscall.WaitStatus { return syscall.WaitStatus(uint32(code&0xff) << 8) }
+
+// Signaled: see Exit.
+func Signaled(sig syscall.Signal) syscall.WaitStatus { return syscall.WaitStatus(uint32(sig) & 0x7f) }
