@@ -17,8 +17,8 @@ import (
 	"github.com/moatsandbox/moat/image"
 )
 
-// engine is what probe found out about the Docker engine.
-type engine struct {
+// daemon is what probe found out about the Docker engine.
+type daemon struct {
 	host         string
 	version      string // the engine's version
 	apiVersion   string // the API version negotiated
@@ -35,7 +35,7 @@ type engine struct {
 	imageSize    int64
 }
 
-func (e *engine) runtimeVersionText() string {
+func (e *daemon) runtimeVersionText() string {
 	if e.runtimeVer == "" {
 		return "of an unknown version"
 	}
@@ -45,8 +45,8 @@ func (e *engine) runtimeVersionText() string {
 // probe asks the engine what the level needs to know. It fails (with an
 // unavailable error) only when the engine does not answer or lacks the
 // runtime asked for.
-func probe(ctx context.Context, cli *client.Client, cfg Config) (*engine, error) {
-	e := &engine{host: cli.DaemonHost()}
+func probe(ctx context.Context, cli *client.Client, cfg Config) (*daemon, error) {
+	e := &daemon{host: cli.DaemonHost()}
 	if _, err := cli.Ping(ctx); err != nil {
 		return nil, unavailable("no Docker engine answers at "+e.host, "run scripts/setup-docker.sh (as root) to install and start dockerd", err)
 	}
@@ -274,20 +274,20 @@ func Check(ctx context.Context, cfg Config) moat.Availability {
 	return a
 }
 
-// probeOnce runs the seccomp probe in a Sandbox that is never started.
-func probeOnce(ctx context.Context, cfg Config, cli *client.Client, e *engine) (*probeResult, error) {
-	s, err := assemble(cfg, cli, e, nil)
+// probeOnce runs the seccomp probe on a backend that no engine uses.
+func probeOnce(ctx context.Context, cfg Config, cli *client.Client, e *daemon) (*probeResult, error) {
+	b, err := newBackend(cfg, cli, e)
 	if err != nil {
 		return nil, err
 	}
-	return s.probeSeccomp(ctx)
+	return b.probeSeccomp(ctx)
 }
 
 // refusal returns the unavailable error that keeps a Sandbox with cfg from
 // running on this engine, or nil: no seccomp support, a
 // runc without the November 2025 fixes that the operator did not allow, or
 // no image. New, CLIArgs and Check refuse alike.
-func (e *engine) refusal(cfg Config) error {
+func (e *daemon) refusal(cfg Config) error {
 	switch {
 	case !e.seccomp:
 		return unavailable("the Docker engine has no seccomp support, so it cannot apply moat's seccomp profile",

@@ -19,11 +19,11 @@ import (
 // the first uid of the range standing for the run's own. The bench uses it
 // to set moat's Engine API path against the docker CLI's.
 func (s *Sandbox) CLIArgs() ([]string, error) {
-	path, err := s.spec.seccomp.file()
+	path, err := s.b.spec.seccomp.file()
 	if err != nil {
 		return nil, err
 	}
-	return s.spec.cliArgs(s.uidFirst, path), nil
+	return s.b.spec.cliArgs(s.b.uidFirst, path), nil
 }
 
 // A cliPlan is how the docker CLI runs with a Config: the spec, the

@@ -50,18 +50,21 @@
 // The code reaches the container on stdin through the attach stream (no bind
 // mount, no copy), and its output comes back on the same stream. The stdin
 // is written only once moat watches the run from the host (see watch), so
-// no code runs unwatched. A Sandbox keeps Config.Warm containers created and
-// attached ahead of runs (nothing runs in them before a run starts one):
-// creating a container costs the engine tens of milliseconds that then stay
-// out of a run's time. Every
+// no code runs unwatched. The level is a backend of moat's run engine
+// (internal/engine), which owns the run's lifecycle (output cap, wall
+// timer, cancellation, verdict) and keeps Config.Warm containers created
+// and attached ahead of runs (nothing runs in them before a run starts
+// one): creating a container costs the engine tens of milliseconds that
+// then stay out of a run's time. Every
 // container carries the labels moat.sandbox=1 and moat.owner=<pid> (with the
 // owner's start time and boot id); New removes the containers whose owner is
 // gone, so a moat killed mid-run leaks nothing past the next start. Each run
 // removes its container before Run returns, whatever happened.
 //
-// How each reason is found, from the host side: timeout, when moat's wall
-// timer or the cgroup's CPU usage fires (moat kills the container), or the
-// code dies of SIGXCPU; memory, from Docker's OOMKilled; pids, from the
+// How each piece of the evidence the engine judges is found, from the host
+// side: the exit status from the engine's wait; timeout, when the cgroup's
+// CPU usage reaches the limit (moat kills the container), or the code dies
+// of SIGXCPU; memory, from Docker's OOMKilled; pids, from the
 // kernel's log of the first refused fork in the container's cgroup (see
 // kmsg.go; it needs root) and the pids cgroup's event counter; filesize and
 // disk, from the run's tmpfs mounts, which moat holds open while the run ends
@@ -85,18 +88,16 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
+	"sync/atomic"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/client"
-	"github.com/docker/docker/pkg/stdcopy"
-	"golang.org/x/sys/unix"
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/image"
-	"github.com/moatsandbox/moat/internal/capture"
+	"github.com/moatsandbox/moat/internal/engine"
 	"github.com/moatsandbox/moat/internal/uidpool"
 )
 
@@ -140,11 +141,18 @@ type Config struct {
 	UIDCount int `json:"uid_count,omitempty"`
 	// CPUs is the CPU quota, in CPUs. Zero means 1.
 	CPUs float64 `json:"cpus,omitempty"`
-	// Warm is how many containers the sandbox keeps created and attached
+	// Warm is how many containers the engine keeps created and attached
 	// ahead of runs (nothing runs in them until a run starts one), which
-	// takes their creation out of a run's time. Zero means 1; a negative
-	// number means none.
+	// takes their creation out of a run's time: engine.Config.Warm, so
+	// zero means 1, -1 means none, and at most 16.
 	Warm int `json:"warm,omitempty"`
+	// SessionCPUTime is the most CPU time one session's container may use
+	// over its whole life, runs and file operations together, read from
+	// its cgroup's CPU account. The run that reaches it ends with
+	// moat.ReasonTimeout; the session's later runs then fail with an error
+	// wrapping moat.ErrSpent (its files stay readable until Close). Zero
+	// means ten times Limits.CPUTime.
+	SessionCPUTime moat.Duration `json:"session_cpu_time,omitempty"`
 	// Logger receives debug logs. Nil means discard.
 	Logger *slog.Logger `json:"-"`
 }
@@ -176,10 +184,12 @@ func (c Config) withDefaults() (Config, error) {
 	if c.CPUs == 0 {
 		c.CPUs = 1
 	}
-	if c.Warm == 0 {
-		c.Warm = 1
+	if err := engine.ValidateWarm(moat.LevelContainer, c.Warm); err != nil {
+		return c, err
 	}
-	c.Warm = max(c.Warm, 0)
+	if c.SessionCPUTime < 0 {
+		return c, fmt.Errorf("container: session cpu time %v is negative: %w", c.SessionCPUTime, moat.ErrInvalid)
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -192,14 +202,32 @@ func (c Config) withDefaults() (Config, error) {
 	return c, nil
 }
 
-// Sandbox runs code in hardened Docker containers. It is safe for concurrent
-// use; see moat.Sandbox for the contract.
+// Sandbox runs code in hardened Docker containers. It is safe for
+// concurrent use; see moat.Sandbox and moat.Sessioner for the contract. The
+// run's lifecycle (the checks of the request, the output cap, the wall
+// timer, the cancellation, the verdict, the pool of containers prepared
+// ahead of runs) is the engine's (internal/engine); the level prepares the
+// containers, starts the code in them and reports what the host saw.
 type Sandbox struct {
-	cli   *client.Client
-	kmsg  *kmsgReader // nil when the kernel log cannot be read
-	spec  *spec
-	log   *slog.Logger
-	notes []string
+	*engine.Sandbox
+	b *backend
+}
+
+var (
+	_ moat.Sandbox          = (*Sandbox)(nil)
+	_ moat.Sessioner        = (*Sandbox)(nil)
+	_ engine.Backend        = (*backend)(nil)
+	// _ engine.SessionBackend = (*backend)(nil)
+)
+
+// backend is the container level under the engine: it prepares containers
+// (instance), starts the code in them (process) and keeps sessions
+// (session).
+type backend struct {
+	cli  *client.Client
+	kmsg *kmsgReader // nil when the kernel log cannot be read
+	spec *spec
+	log  *slog.Logger
 	// watched says that moat is root and watches every run from the host
 	// (see watch): a run that cannot be watched then fails.
 	watched bool
@@ -207,26 +235,23 @@ type Sandbox struct {
 	// its removal.
 	uids     *uidpool.Pool
 	uidFirst int // the range's first uid
+	// sessionCPU is a session's CPU budget over its life.
+	sessionCPU time.Duration
 	// filters is the number of seccomp filters the probe's container ran
 	// under (see probeSeccomp); every run's init must show as many. Set
-	// before the first run, never changed after.
+	// before the engine starts, never changed after; zero while the probe
+	// itself runs.
 	filters int
-	// probe is what the seccomp probe found (for Check).
-	probe *probeResult
+	// lastFilters is the number of filters the last run's init ran under;
+	// the probe reads it.
+	lastFilters atomic.Int64
 
-	// The pool of prepared containers: fill keeps it full, one container
-	// per token in refill, until quit closes; then it closes fillDone.
-	pool     chan *prepared
-	refill   chan struct{}
-	quit     chan struct{}
-	fillDone chan struct{}
-
-	mu     sync.Mutex
-	closed bool
-	runs   sync.WaitGroup
+	// The client is closed once the engine closed the backend and the last
+	// session is closed: sessions outlive their Sandbox.
+	mu       sync.Mutex
+	closed   bool
+	sessions int
 }
-
-var _ moat.Sandbox = (*Sandbox)(nil)
 
 // New connects to the Docker engine (DOCKER_HOST, or the local socket),
 // checks that it can run the level with every protection (seccomp, a fixed
@@ -269,35 +294,40 @@ func New(cfg Config) (*Sandbox, error) {
 	} else if len(removed) > 0 {
 		cfg.Logger.Info("container: removed containers of dead moat processes", "ids", removed)
 	}
-	s, err := assemble(cfg, cli, eng, notes)
+	b, err := newBackend(cfg, cli, eng)
 	if err != nil {
 		return nil, err
 	}
 	// The probe runs once per engine, image and profile in this process;
 	// every run still checks its own init's filter.
-	key := probeKey(eng, cfg.Image, s.spec.seccomp)
+	key := probeKey(eng, cfg.Image, b.spec.seccomp)
+	var r *probeResult
 	if v, ok := probed.Load(key); ok {
-		s.probe = v.(*probeResult)
+		r = v.(*probeResult)
 	} else {
-		r, err := s.probeSeccomp(ctx)
-		if err != nil {
+		if r, err = b.probeSeccomp(ctx); err != nil {
 			return nil, err
 		}
 		probed.Store(key, r)
-		s.probe = r
 	}
-	s.filters = s.probe.filters
+	b.filters = r.filters
+	es, err := engine.New(engine.Config{
+		Level:  moat.LevelContainer,
+		Limits: cfg.Limits,
+		Warm:   cfg.Warm,
+		Notes:  notes,
+		Logger: cfg.Logger,
+	}, b)
+	if err != nil {
+		return nil, err
+	}
 	ok = true
-	for range cfg.Warm {
-		s.refill <- struct{}{}
-	}
-	go s.fill()
-	return s, nil
+	return &Sandbox{Sandbox: es, b: b}, nil
 }
 
-// assemble makes the Sandbox for cfg on engine eng, with no container yet
-// and its pool not started: New starts it, Check only probes.
-func assemble(cfg Config, cli *client.Client, eng *engine, notes []string) (*Sandbox, error) {
+// newBackend makes the backend for cfg on engine eng, with no container
+// yet: New puts the engine over it, Check only probes.
+func newBackend(cfg Config, cli *client.Client, eng *daemon) (*backend, error) {
 	owner, err := ownerLabels()
 	if err != nil {
 		return nil, fmt.Errorf("container: %w", err)
@@ -310,19 +340,53 @@ func assemble(cfg Config, cli *client.Client, eng *engine, notes []string) (*San
 	if err != nil {
 		return nil, unavailable("cannot set up the uid pool", "", err)
 	}
-	return &Sandbox{
-		cli:      cli,
-		kmsg:     kernelLog(),
-		spec:     newSpec(cfg, eng.runtime, owner, prof),
-		log:      cfg.Logger,
-		notes:    notes,
-		watched:  os.Geteuid() == 0,
-		uids:     uids,
-		uidFirst: cfg.UIDFirst,
-		pool:     make(chan *prepared, cfg.Warm),
-		refill:   make(chan struct{}, cfg.Warm),
-		quit:     make(chan struct{}),
-		fillDone: make(chan struct{}),
+	sessionCPU := time.Duration(cfg.SessionCPUTime)
+	if sessionCPU == 0 {
+		sessionCPU = 10 * time.Duration(cfg.Limits.CPUTime)
+	}
+	return &backend{
+		cli:        cli,
+		kmsg:       kernelLog(),
+		spec:       newSpec(cfg, eng.runtime, owner, prof),
+		log:        cfg.Logger,
+		watched:    os.Geteuid() == 0,
+		uids:       uids,
+		uidFirst:   cfg.UIDFirst,
+		sessionCPU: sessionCPU,
+	}, nil
+}
+
+// Close releases the engine connection once no session needs it; the
+// engine calls it after it discarded every prepared container.
+func (b *backend) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.closed = true
+	if b.sessions == 0 {
+		return b.cli.Close()
+	}
+	return nil
+}
+
+// holdClient counts a session in: the client stays open until it calls
+// the returned release.
+func (b *backend) holdClient() (release func(), err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil, fmt.Errorf("container: %w", moat.ErrClosed)
+	}
+	b.sessions++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			b.sessions--
+			if b.closed && b.sessions == 0 {
+				b.cli.Close()
+			}
+		})
 	}, nil
 }
 
@@ -345,267 +409,16 @@ func unavailable(reason, remedy string, err error) error {
 	return &moat.UnavailableError{Level: moat.LevelContainer, Reason: reason, Remedy: remedy, Err: err}
 }
 
-// Level returns moat.LevelContainer.
-func (s *Sandbox) Level() moat.Level { return moat.LevelContainer }
-
-// Close makes later runs fail with moat.ErrClosed, waits for the runs in
-// progress, removes the containers prepared ahead of runs and releases the
-// engine connection. It may be called more than once.
-func (s *Sandbox) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
-	s.closed = true
-	s.mu.Unlock()
-	s.runs.Wait()
-	close(s.quit)
-	<-s.fillDone
-	s.drain()
-	return s.cli.Close()
-}
-
-func (s *Sandbox) enter() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return fmt.Errorf("container: %w", moat.ErrClosed)
-	}
-	s.runs.Add(1)
-	return nil
-}
-
-// removeTimeout bounds the removal of a run's container.
+// removeTimeout bounds the removal of a container.
 const removeTimeout = 30 * time.Second
-
-// Run runs req.Code in a fresh container. See moat.Sandbox.
-func (s *Sandbox) Run(ctx context.Context, req moat.Request) (res *moat.Result, err error) {
-	if len(req.Code) == 0 {
-		return nil, fmt.Errorf("container: empty code: %w", moat.ErrInvalid)
-	}
-	if err := s.enter(); err != nil {
-		return nil, err
-	}
-	defer s.runs.Done()
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	start := time.Now()
-	p, err := s.take()
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		return nil, err
-	}
-	// Whatever happens from here on, the container goes, under a context of
-	// its own: the caller's may be cancelled already. The Result's Duration
-	// counts the clean-up.
-	defer func() {
-		s.discard(p)
-		if res != nil {
-			res.Duration = time.Since(start)
-		}
-	}()
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	return s.run(ctx, p, req)
-}
-
-func (s *Sandbox) run(ctx context.Context, p *prepared, req moat.Request) (*moat.Result, error) {
-	// The run's own context: it outlives the caller's cancellation long
-	// enough to kill the container and read its end.
-	rctx, rcancel := context.WithCancel(context.Background())
-	defer rcancel()
-	id, hj, waitC, waitErrC := p.id, p.hj, p.waitC, p.waitErrC
-	lim := s.spec.limits
-
-	if err := s.cli.ContainerStart(rctx, id, container.StartOptions{}); err != nil {
-		return s.setupFailed(ctx, "start", err)
-	}
-	pid, err := s.initPid(rctx, id)
-	if err != nil {
-		return s.setupFailed(ctx, "start", err)
-	}
-
-	var (
-		killOnce sync.Once
-		killedBy moat.Reason
-		killMu   sync.Mutex
-		killing  sync.WaitGroup
-	)
-	// kill records why and asks the engine to kill the container without
-	// waiting for it: the engine's kill waits for the container's exit,
-	// which waits for its output to be drained, and the output cap calls
-	// kill from the goroutine that drains it.
-	kill := func(why moat.Reason) {
-		killOnce.Do(func() {
-			killMu.Lock()
-			killedBy = why
-			killMu.Unlock()
-			killing.Go(func() {
-				kctx, cancel := context.WithTimeout(context.Background(), removeTimeout)
-				defer cancel()
-				if err := s.cli.ContainerKill(kctx, id, "KILL"); err != nil && !cerrdefs.IsConflict(err) && !cerrdefs.IsNotFound(err) {
-					s.log.Warn("container: kill", "id", shortID(id), "err", err)
-				}
-			})
-		})
-	}
-	defer killing.Wait()
-
-	// The first byte past the output cap ends the run, as the wall timer
-	// does: nothing past the cap is passed on.
-	over := func() { kill(moat.ReasonOutput) }
-	stdout := capture.New(int64(lim.Output), req.Stdout, over)
-	stderr := capture.New(int64(lim.Output), req.Stderr, over)
-
-	// Watch from the host before the code can run: Python runs nothing
-	// until it has read all of stdin, which is written only once the watch
-	// holds the run's cgroups and mounts. Only root can watch; without it,
-	// New put a note in every Result instead.
-	var w *watch
-	if s.watched {
-		var err error
-		if w, err = s.startWatch(id, pid, func() { kill(moat.ReasonTimeout) }); err != nil {
-			// No code runs unwatched (the tree's CPU time would go
-			// unbounded): nothing has run yet, and discard removes the
-			// container.
-			return s.setupFailed(ctx, "watch", err)
-		}
-		defer w.close()
-	}
-	// No code runs without moat's seccomp filter: the init must run under
-	// as many filters as the probe's container did, which the probe showed
-	// to be moat's.
-	n, err := initSeccomp(pid)
-	if err == nil && s.filters != 0 && n != s.filters {
-		err = fmt.Errorf("container: the run's init runs under %d seccomp filters, the probe's under %d", n, s.filters)
-	}
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		return nil, unavailable("a container would run without moat's seccomp filter", "check dockerd and the runtime", err)
-	}
-	p.filters = n
-
-	// The code goes in on stdin; its end closes stdin.
-	go func() {
-		hj.Conn.Write(req.Code)
-		hj.CloseWrite()
-	}()
-	outDone := make(chan error, 1)
-	go func() {
-		_, err := stdcopy.StdCopy(stdout, stderr, hj.Reader)
-		outDone <- err
-	}()
-
-	wall := time.NewTimer(time.Duration(lim.WallTime))
-	defer wall.Stop()
-	var exit container.WaitResponse
-	exited := false
-	select {
-	case exit = <-waitC:
-		exited, p.waited = true, true
-	case err := <-waitErrC:
-		p.waited = true
-		return nil, fmt.Errorf("container: wait: %w", err)
-	case <-wall.C:
-		kill(moat.ReasonTimeout)
-	case <-ctx.Done():
-		kill(moat.ReasonCanceled)
-	}
-	if !exited {
-		p.waited = true
-		select {
-		case exit = <-waitC:
-		case err := <-waitErrC:
-			return nil, fmt.Errorf("container: wait after the kill: %w", err)
-		}
-	}
-
-	// The output ends with the container; a process that closed its
-	// streams early cannot hold it open past the exit.
-	select {
-	case <-outDone:
-	case <-time.After(2 * time.Second):
-		hj.Close()
-		<-outDone
-	}
-	if w != nil {
-		w.stop()
-	}
-
-	ictx, icancel := context.WithTimeout(context.Background(), removeTimeout)
-	defer icancel()
-	ins, err := s.cli.ContainerInspect(ictx, id)
-	if err != nil {
-		return nil, fmt.Errorf("container: inspect after the run: %w", err)
-	}
-
-	killMu.Lock()
-	k := killedBy
-	killMu.Unlock()
-	res := &moat.Result{
-		Level:     moat.LevelContainer,
-		Stdout:    stdout.Bytes(),
-		Stderr:    stderr.Bytes(),
-		Truncated: stdout.Truncated() || stderr.Truncated(),
-		ExitCode:  int(exit.StatusCode),
-		Notes:     s.notes,
-	}
-	if k != "" {
-		res.ExitCode = 128 + int(syscall.SIGKILL)
-	}
-	var sig syscall.Signal
-	if res.ExitCode > 128 && res.ExitCode <= 128+64 {
-		sig = syscall.Signal(res.ExitCode - 128)
-		res.Signal = unix.SignalName(sig)
-	}
-	oom := ins.State != nil && ins.State.OOMKilled
-	forkRefused := s.kmsg.forkRefused(id)
-	switch {
-	case k == moat.ReasonCanceled:
-		res.Reason = moat.ReasonCanceled
-	case k == moat.ReasonTimeout:
-		res.Reason = moat.ReasonTimeout
-	case sig == syscall.SIGXCPU:
-		res.Reason = moat.ReasonTimeout
-	case oom:
-		res.Reason = moat.ReasonMemory
-	case forkRefused || w != nil && w.pidsHit.Load():
-		res.Reason = moat.ReasonPids
-	case w != nil && w.fileAtLimit(int64(lim.FileSize)):
-		res.Reason = moat.ReasonFileSize
-	case w != nil && w.diskFull():
-		res.Reason = moat.ReasonDisk
-	case res.Truncated:
-		res.Reason = moat.ReasonOutput
-	case sig != 0:
-		res.Reason = moat.ReasonSignal
-	}
-	return res, nil
-}
-
-// setupFailed turns a failure before the code ran into the caller's
-// cancellation when that is what it was.
-func (s *Sandbox) setupFailed(ctx context.Context, step string, err error) (*moat.Result, error) {
-	if ctx.Err() != nil {
-		return nil, ctx.Err()
-	}
-	return nil, fmt.Errorf("container: %s: %w", step, err)
-}
 
 // initPid finds the host pid of the container's init, from its cgroup or
 // else from the engine.
-func (s *Sandbox) initPid(ctx context.Context, id string) (int, error) {
+func (b *backend) initPid(ctx context.Context, id string) (int, error) {
 	if pid := findInit(id); pid != 0 {
 		return pid, nil
 	}
-	ins, err := s.cli.ContainerInspect(ctx, id)
+	ins, err := b.cli.ContainerInspect(ctx, id)
 	if err != nil {
 		return 0, err
 	}
@@ -615,23 +428,23 @@ func (s *Sandbox) initPid(ctx context.Context, id string) (int, error) {
 	return ins.State.Pid, nil
 }
 
-// startWatch starts watching the container whose init is pid.
-func (s *Sandbox) startWatch(id string, pid int, onCPU func()) (*watch, error) {
-	paths := make([]string, len(s.spec.mounts))
-	for i, m := range s.spec.mounts {
+// mountPaths are the container's tmpfs mount points.
+func (b *backend) mountPaths() []string {
+	paths := make([]string, len(b.spec.mounts))
+	for i, m := range b.spec.mounts {
 		paths[i] = m.path
 	}
-	return startWatch(id, pid, paths, time.Duration(s.spec.limits.CPUTime), onCPU)
+	return paths
 }
 
 // remove removes the container, killing it first if it still runs, and
 // reports whether it is gone.
-func (s *Sandbox) remove(id string) bool {
+func (b *backend) remove(id string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), removeTimeout)
 	defer cancel()
-	err := s.cli.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true})
+	err := b.cli.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true})
 	if err != nil && !cerrdefs.IsNotFound(err) {
-		s.log.Warn("container: remove", "id", shortID(id), "err", err)
+		b.log.Warn("container: remove", "id", shortID(id), "err", err)
 		return false
 	}
 	return true

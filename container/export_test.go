@@ -25,11 +25,11 @@ func ProbeWithProfile(cfg Config, profileJSON string) error {
 	if err != nil {
 		return err
 	}
-	s, err := assemble(cfg, cli, eng, nil)
+	b, err := newBackend(cfg, cli, eng)
 	if err != nil {
 		return err
 	}
-	s.spec.seccomp.json = profileJSON
-	_, err = s.probeSeccomp(ctx)
+	b.spec.seccomp.json = profileJSON
+	_, err = b.probeSeccomp(ctx)
 	return err
 }

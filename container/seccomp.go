@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/internal/engine"
 	"github.com/moatsandbox/moat/internal/seccomp"
 )
 
@@ -222,21 +223,22 @@ func (r *probeResult) String() string {
 	return strings.Join(parts, ", ")
 }
 
-// probeSeccomp runs the probe in a container prepared like every run's and
+// probeSeccomp runs the probe in a container prepared like every run's,
+// through the engine's one lifecycle (a run of its own, no pool), and
 // fails, with an unavailable error, unless every call was refused: an
 // engine that ignores or loosens moat's profile leaves the level
-// unavailable.
-func (s *Sandbox) probeSeccomp(ctx context.Context) (*probeResult, error) {
-	p, err := s.prepare()
+// unavailable. b.filters must still be zero.
+func (b *backend) probeSeccomp(ctx context.Context) (*probeResult, error) {
+	eng, err := engine.New(engine.Config{Level: moat.LevelContainer, Limits: b.spec.limits, Warm: -1}, probeBackend{b})
 	if err != nil {
 		return nil, err
 	}
-	defer s.discard(p)
-	res, err := s.run(ctx, p, moat.Request{Code: []byte(probeCode())})
+	defer eng.Close()
+	res, err := eng.Run(ctx, moat.Request{Code: []byte(probeCode())})
 	if err != nil {
 		return nil, unavailable("moat's seccomp probe could not run in a container", "check dockerd's log", err)
 	}
-	r := &probeResult{filters: p.filters}
+	r := &probeResult{filters: int(b.lastFilters.Load())}
 	if res.ExitCode != 0 || json.Unmarshal(res.Stdout, &r.calls) != nil {
 		return nil, unavailable(fmt.Sprintf("moat's seccomp probe failed in a container (exit %d): %q", res.ExitCode, res.Stderr),
 			"check that the image runs python3 with ctypes", nil)
@@ -257,11 +259,17 @@ func (s *Sandbox) probeSeccomp(ctx context.Context) (*probeResult, error) {
 	return r, nil
 }
 
+// probeBackend is the backend for the probe's engine, which must not
+// close the client of the backend it borrows.
+type probeBackend struct{ *backend }
+
+func (probeBackend) Close() error { return nil }
+
 // probed caches each probe's result per engine, runtime, image and
 // profile, so that a process creating many Sandboxes probes once; every
 // run still checks its own init's filter (initSeccomp).
 var probed sync.Map // string -> *probeResult
 
-func probeKey(e *engine, image string, p *profile) string {
+func probeKey(e *daemon, image string, p *profile) string {
 	return strings.Join([]string{e.host, e.version, e.runtime, e.runtimePath, image, p.digest}, "\x00")
 }

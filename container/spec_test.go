@@ -139,17 +139,18 @@ func TestConfigValidation(t *testing.T) {
 		{UIDFirst: 999}, {UIDFirst: -1}, {UIDCount: -1}, {UIDFirst: 1<<31 - 10, UIDCount: 100}, {CPUs: 0.001},
 		{Python: "python3"}, {Python: "/usr/bin/python3; rm -rf /"},
 		{Limits: moat.Limits{Memory: 1}},
+		{Warm: -2}, {Warm: 17}, {SessionCPUTime: -1},
 	} {
 		if _, err := c.withDefaults(); !errors.Is(err, moat.ErrInvalid) {
 			t.Errorf("Config %+v: %v, want ErrInvalid", c, err)
 		}
 	}
 	c, err := Config{}.withDefaults()
-	if err != nil || c.UIDFirst != 2100065536 || c.UIDCount != 65536 || c.CPUs != 1 || c.Warm != 1 || c.Python != "/usr/bin/python3" || !strings.HasPrefix(c.Image, "moat-sandbox:") {
+	if err != nil || c.UIDFirst != 2100065536 || c.UIDCount != 65536 || c.CPUs != 1 || c.Warm != 0 || c.Python != "/usr/bin/python3" || !strings.HasPrefix(c.Image, "moat-sandbox:") {
 		t.Errorf("the zero Config: %+v, %v", c, err)
 	}
-	if c, _ := (Config{Warm: -1}).withDefaults(); c.Warm != 0 {
-		t.Errorf("Warm -1 gives %d, want none", c.Warm)
+	if c, err := (Config{Warm: -1}).withDefaults(); err != nil || c.Warm != -1 {
+		t.Errorf("Warm -1 gives %d, %v; want -1 (none) passed to the engine", c.Warm, err)
 	}
 }
 

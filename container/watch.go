@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -201,10 +202,20 @@ func (w *watch) close() {
 	w.mounts = nil
 }
 
+// ctime is the inode change time of info, or the zero time.
+func ctime(info fs.FileInfo) time.Time {
+	if st, ok := info.Sys().(*syscall.Stat_t); ok {
+		return time.Unix(st.Ctim.Sec, st.Ctim.Nsec)
+	}
+	return time.Time{}
+}
+
 // diskFull reports whether one of the run's tmpfs mounts has no block or no
 // inode left.
-func (w *watch) diskFull() bool {
-	for _, f := range w.mounts {
+func (w *watch) diskFull() bool { return mountsFull(w.mounts) }
+
+func mountsFull(mounts []*os.File) bool {
+	for _, f := range mounts {
 		var st unix.Statfs_t
 		if unix.Fstatfs(int(f.Fd()), &st) == nil && (st.Bfree == 0 || st.Ffree == 0) {
 			return true
@@ -214,9 +225,14 @@ func (w *watch) diskFull() bool {
 }
 
 // fileAtLimit reports whether a file in the run's mounts reached limit
-// bytes.
-func (w *watch) fileAtLimit(limit int64) bool {
-	for _, f := range w.mounts {
+// bytes; with a non-zero since, only a file changed since then (its ctime,
+// which the code cannot set back, is not before it) counts.
+func (w *watch) fileAtLimit(limit int64, since time.Time) bool {
+	return filesAtLimit(w.mounts, limit, since)
+}
+
+func filesAtLimit(mounts []*os.File, limit int64, since time.Time) bool {
+	for _, f := range mounts {
 		found := false
 		// The trailing slash makes WalkDir follow the magic link.
 		root := fmt.Sprintf("/proc/self/fd/%d/", f.Fd())
@@ -225,7 +241,7 @@ func (w *watch) fileAtLimit(limit int64) bool {
 				return filepath.SkipDir
 			}
 			if d.Type().IsRegular() {
-				if info, err := d.Info(); err == nil && info.Size() >= limit {
+				if info, err := d.Info(); err == nil && info.Size() >= limit && (since.IsZero() || !ctime(info).Before(since)) {
 					found = true
 					return filepath.SkipAll
 				}

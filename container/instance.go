@@ -1,0 +1,344 @@
+package container
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/docker/docker/api/types"
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/pkg/stdcopy"
+
+	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/internal/engine"
+	"github.com/moatsandbox/moat/internal/uidpool"
+)
+
+// An instance is a prepared container: created, waited for and attached
+// to, but not started, so that nothing has run in it. Preparing one takes
+// the engine tens of milliseconds (more when it is busy); the engine keeps
+// Config.Warm of them ready so that a run only starts one. Each serves one
+// run at most. Each holds the lease of its own uid from before its creation
+// until it is removed, whether it waits in the pool or runs.
+type instance struct {
+	b        *backend
+	lease    *uidpool.Lease
+	id       string
+	hj       types.HijackedResponse
+	waitC    <-chan container.WaitResponse
+	waitErrC <-chan error
+	cancel   context.CancelFunc // ends the wait and the attach
+	waited   bool               // a receive from waitC or waitErrC happened
+	p        *process           // the run, once started
+}
+
+// createTimeout bounds the preparation of a container.
+const createTimeout = time.Minute
+
+// Prepare creates a container and registers the wait and the attach that a
+// run needs before it starts; see engine.Backend.
+func (b *backend) Prepare(ctx context.Context) (engine.Instance, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return b.prepare()
+}
+
+// prepare makes an instance. The engine is asked under a context of its
+// own, never the caller's: a create cancelled in flight may still make a
+// container whose id moat would never learn.
+func (b *backend) prepare() (*instance, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), createTimeout)
+	defer cancel()
+	lease, err := b.freeUID(ctx)
+	if err != nil {
+		return nil, err
+	}
+	created, err := b.cli.ContainerCreate(ctx, b.spec.config(lease.UID), b.spec.hostConfig(lease.UID), nil, nil, "")
+	if err != nil {
+		// A create that failed in flight may still have made a container
+		// with this uid, but one that nobody starts: no process ever runs
+		// as the uid in it, so the uid is free again.
+		lease.Release()
+		return nil, b.createError(err)
+	}
+	// The wait and the attach live as long as the container: their context
+	// is ended by Discard.
+	lctx, lcancel := context.WithCancel(context.Background())
+	in := &instance{b: b, lease: lease, id: created.ID, cancel: lcancel}
+	// Wait first, then attach: the wait is acknowledged before the container
+	// can exit, and the attach before it can write.
+	in.waitC, in.waitErrC = b.cli.ContainerWait(lctx, in.id, container.WaitConditionNextExit)
+	select {
+	case err := <-in.waitErrC:
+		in.waited = true
+		in.Discard()
+		return nil, fmt.Errorf("container: wait: %w", err)
+	default:
+	}
+	in.hj, err = b.cli.ContainerAttach(lctx, in.id, container.AttachOptions{Stream: true, Stdin: true, Stdout: true, Stderr: true})
+	if err != nil {
+		in.Discard()
+		return nil, fmt.Errorf("container: attach: %w", err)
+	}
+	return in, nil
+}
+
+// createError is the error of a failed ContainerCreate.
+func (b *backend) createError(err error) error {
+	if cerrdefs.IsNotFound(err) {
+		return unavailable(fmt.Sprintf("image %s is not in the Docker engine", b.spec.image), "run 'moat image build'", err)
+	}
+	return fmt.Errorf("container: create: %w", err)
+}
+
+// freeUID leases a uid that no container runs as. A lease ends with the
+// moat process that held it, but its container may outlive it until a later
+// New reaps it: a container still labelled with the uid just leased belongs
+// to a moat that is gone, so it is removed before the uid is used. A uid
+// whose orphan cannot be removed stays leased, unused, and another is tried.
+func (b *backend) freeUID(ctx context.Context) (*uidpool.Lease, error) {
+	for try := 0; try < 3; try++ {
+		lease, err := b.uids.Acquire()
+		if err != nil {
+			return nil, fmt.Errorf("container: a uid for the container: %w", err)
+		}
+		list, err := b.cli.ContainerList(ctx, container.ListOptions{
+			All:     true,
+			Filters: filters.NewArgs(filters.Arg("label", LabelUID+"="+strconv.Itoa(lease.UID))),
+		})
+		if err != nil {
+			lease.Release()
+			return nil, fmt.Errorf("container: list the containers of uid %d: %w", lease.UID, err)
+		}
+		clean := true
+		for _, c := range list {
+			err := b.cli.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})
+			if err != nil && !cerrdefs.IsNotFound(err) {
+				b.log.Warn("container: remove an orphan holding a uid", "id", shortID(c.ID), "uid", lease.UID, "err", err)
+				clean = false
+				continue
+			}
+			b.log.Info("container: removed an orphan of a moat that is gone", "id", shortID(c.ID), "uid", lease.UID)
+		}
+		if clean {
+			return lease, nil
+		}
+		// Held, never released: the orphan still runs as this uid.
+	}
+	return nil, fmt.Errorf("container: every uid tried is held by a container that cannot be removed: %w", moat.ErrUnavailable)
+}
+
+// Start starts the container and, once moat watches it from the host and
+// its init runs under moat's seccomp filter, writes the code to its stdin;
+// see engine.Instance. Python runs nothing until it has read all of stdin,
+// so no code runs unwatched.
+func (in *instance) Start(ctx context.Context, code []byte, stdout, stderr io.Writer) (engine.Process, error) {
+	b := in.b
+	select {
+	case err := <-in.waitErrC:
+		// The engine dropped the wait (it restarted, or the container went)
+		// while the container waited in the pool.
+		in.waited = true
+		return nil, fmt.Errorf("container: the wait on a prepared container ended: %w: %w", engine.ErrStale, err)
+	default:
+	}
+	if err := b.cli.ContainerStart(ctx, in.id, container.StartOptions{}); err != nil {
+		if cerrdefs.IsNotFound(err) {
+			return nil, fmt.Errorf("container: start: %w: %w", engine.ErrStale, err)
+		}
+		return nil, fmt.Errorf("container: start: %w", err)
+	}
+	pid, err := b.initPid(ctx, in.id)
+	if err != nil {
+		return nil, fmt.Errorf("container: start: %w", err)
+	}
+	p := &process{in: in}
+	in.p = p
+	// Watch from the host before the code can run. Only root can watch;
+	// without it, New put a note in every Result instead.
+	if b.watched {
+		w, err := startWatch(in.id, pid, b.mountPaths(), time.Duration(b.spec.limits.CPUTime), p.Kill)
+		if err != nil {
+			// No code runs unwatched (the tree's CPU time would go
+			// unbounded): nothing has run yet, and Discard removes the
+			// container.
+			return nil, fmt.Errorf("container: watch: %w", err)
+		}
+		p.w = w
+	}
+	// No code runs without moat's seccomp filter: the init must run under
+	// as many filters as the probe's container did, which the probe showed
+	// to be moat's.
+	if err := b.checkSeccomp(pid); err != nil {
+		return nil, err
+	}
+
+	// The code goes in on stdin; its end closes stdin.
+	hj := in.hj
+	go func() {
+		hj.Conn.Write(code)
+		hj.CloseWrite()
+	}()
+	p.outDone = make(chan error, 1)
+	go func() {
+		_, err := stdcopy.StdCopy(stdout, stderr, hj.Reader)
+		p.outDone <- err
+	}()
+	return p, nil
+}
+
+// checkSeccomp checks that process pid, not yet running the code, runs
+// under moat's seccomp filter: as many filters as the probe's init ran
+// under (any, while the probe itself runs).
+func (b *backend) checkSeccomp(pid int) error {
+	n, err := initSeccomp(pid)
+	if err == nil && b.filters != 0 && n != b.filters {
+		err = fmt.Errorf("container: the run's init runs under %d seccomp filters, the probe's under %d", n, b.filters)
+	}
+	if err != nil {
+		return unavailable("a container would run without moat's seccomp filter", "check dockerd and the runtime", err)
+	}
+	b.lastFilters.Store(int64(n))
+	return nil
+}
+
+// Discard removes the container, killing it first if it runs; then its uid
+// is free for another container. A container the engine could not remove
+// keeps its uid leased for the life of the process.
+func (in *instance) Discard() {
+	if in.p != nil {
+		in.p.end()
+	}
+	if in.hj.Conn != nil {
+		in.hj.Close()
+	}
+	in.cancel()
+	if !in.waited {
+		// The client's wait goroutine ends once it handed over its answer:
+		// the cancellation's error, or an exit it had already read.
+		select {
+		case <-in.waitC:
+		case <-in.waitErrC:
+		case <-time.After(5 * time.Second):
+		}
+	}
+	if in.b.remove(in.id) {
+		in.lease.Release()
+	}
+}
+
+// process is the code running in an instance's container.
+type process struct {
+	in      *instance
+	w       *watch // nil when moat is not root
+	outDone chan error
+
+	mu      sync.Mutex
+	killed  bool // Kill was called before the run ended
+	ended   bool // Discard ran: Kill does nothing
+	killing sync.WaitGroup
+}
+
+// Kill asks the engine to kill the container, without waiting: the
+// engine's kill waits for the container's exit, which waits for its output
+// to be drained, and the output cap calls Kill from the goroutine that
+// drains it. Killing the container's init ends its PID namespace, and with
+// it every process of the run.
+func (p *process) Kill() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.killed || p.ended {
+		return
+	}
+	p.killed = true
+	b, id := p.in.b, p.in.id
+	p.killing.Go(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), removeTimeout)
+		defer cancel()
+		if err := b.cli.ContainerKill(ctx, id, "KILL"); err != nil && !cerrdefs.IsConflict(err) && !cerrdefs.IsNotFound(err) {
+			b.log.Warn("container: kill", "id", shortID(id), "err", err)
+		}
+	})
+}
+
+// end makes later Kills do nothing and waits for the one in flight.
+func (p *process) end() {
+	p.mu.Lock()
+	p.ended = true
+	p.mu.Unlock()
+	p.killing.Wait()
+	if p.w != nil {
+		p.w.close()
+	}
+}
+
+// outputGrace is how long the output may go on after the container exited:
+// a process that closed its streams early cannot hold the attach open past
+// it.
+const outputGrace = 2 * time.Second
+
+// Wait waits for the container's exit and the end of its output, then
+// gathers the evidence from the host side: the exit status from the
+// engine, the OOM kill from its inspection, a refused fork from the kernel
+// log and the pids cgroup, the CPU time from the watch, and a file at the
+// size limit or a full mount from the run's tmpfs mounts.
+func (p *process) Wait() (engine.Evidence, error) {
+	in := p.in
+	b := in.b
+	var exit container.WaitResponse
+	select {
+	case exit = <-in.waitC:
+		in.waited = true
+	case err := <-in.waitErrC:
+		in.waited = true
+		return engine.Evidence{}, fmt.Errorf("container: wait: %w", err)
+	}
+	select {
+	case <-p.outDone:
+	case <-time.After(outputGrace):
+		in.hj.Close()
+		<-p.outDone
+	}
+	if p.w != nil {
+		p.w.stop()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), removeTimeout)
+	defer cancel()
+	ins, err := b.cli.ContainerInspect(ctx, in.id)
+	if err != nil {
+		return engine.Evidence{}, fmt.Errorf("container: inspect after the run: %w", err)
+	}
+	p.mu.Lock()
+	killed := p.killed
+	p.mu.Unlock()
+	ev := engine.Evidence{
+		Exited: !killed,
+		Status: exitStatus(exit.StatusCode),
+		Memory: ins.State != nil && ins.State.OOMKilled,
+		Pids:   b.kmsg.forkRefused(in.id),
+	}
+	if w := p.w; w != nil {
+		ev.CPUTime = w.cpuHit.Load()
+		ev.Pids = ev.Pids || w.pidsHit.Load()
+		ev.FileSize = w.fileAtLimit(int64(b.spec.limits.FileSize), time.Time{})
+		ev.Disk = w.diskFull()
+	}
+	return ev, nil
+}
+
+// exitStatus is the wait status of a process whose exit code the engine
+// reports as code: 128+N for a death by signal N (the container's shell,
+// and the runtime for an exec, report it so), else the code.
+func exitStatus(code int64) syscall.WaitStatus {
+	if code > 128 && code <= 128+64 {
+		return engine.Signaled(syscall.Signal(code - 128))
+	}
+	return engine.Exit(int(code))
+}
