@@ -214,9 +214,9 @@ type Sandbox struct {
 }
 
 var (
-	_ moat.Sandbox          = (*Sandbox)(nil)
-	_ moat.Sessioner        = (*Sandbox)(nil)
-	_ engine.Backend        = (*backend)(nil)
+	_ moat.Sandbox   = (*Sandbox)(nil)
+	_ moat.Sessioner = (*Sandbox)(nil)
+	_ engine.Backend = (*backend)(nil)
 	// _ engine.SessionBackend = (*backend)(nil)
 )
 
