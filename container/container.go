@@ -214,10 +214,10 @@ type Sandbox struct {
 }
 
 var (
-	_ moat.Sandbox   = (*Sandbox)(nil)
-	_ moat.Sessioner = (*Sandbox)(nil)
-	_ engine.Backend = (*backend)(nil)
-	// _ engine.SessionBackend = (*backend)(nil)
+	_ moat.Sandbox          = (*Sandbox)(nil)
+	_ moat.Sessioner        = (*Sandbox)(nil)
+	_ engine.Backend        = (*backend)(nil)
+	_ engine.SessionBackend = (*backend)(nil)
 )
 
 // backend is the container level under the engine: it prepares containers

@@ -24,6 +24,7 @@ const (
 	LabelOwnerStart = "moat.owner.start" // the owner's start time, in clock ticks since boot
 	LabelBoot       = "moat.boot"        // the boot id of the owner's machine
 	LabelUID        = "moat.uid"         // the uid (and gid) the container runs as
+	LabelSession    = "moat.session"     // "1" on a session's container
 )
 
 // The writable places of a run and their share of Limits.Disk: the
@@ -141,6 +142,43 @@ func (s *spec) config(uid int) *container.Config {
 		Tty:             false,
 		StopSignal:      "SIGKILL",
 	}
+}
+
+// sessionInit is the program of a session container's init: it does
+// nothing but reap the processes the runs leave to it (they are killed at
+// each run's end, and the init must reap them or they would count against
+// the pids limit), and it makes itself undumpable, so that the code, which
+// runs as the same uid, cannot write into its memory through /proc/1/mem.
+const sessionInit = `import ctypes, os, signal
+ctypes.CDLL(None).prctl(4, 0)
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+while True:
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    except ChildProcessError:
+        pass
+    signal.sigwait({signal.SIGCHLD})
+`
+
+// sessionConfig is the configuration of a session's container as uid:
+// as a run's, but its command is the idle init and nothing is attached;
+// each run is an exec in it (runCmd).
+func (s *spec) sessionConfig(uid int) *container.Config {
+	c := s.config(uid)
+	c.Cmd = []string{s.python, "-I", "-S", "-c", sessionInit}
+	c.AttachStdin, c.AttachStdout, c.AttachStderr = false, false, false
+	c.OpenStdin, c.StdinOnce = false, false
+	c.Labels[LabelSession] = "1"
+	return c
+}
+
+// runCmd is the command of a session's run, an exec in its container:
+// Python reading the code on stdin, with the environment of a one-shot run
+// (the exec's process is not PID 1, so it can die of its own signals, and
+// the runtime reports such a death as 128+N).
+func (s *spec) runCmd() []string {
+	return []string{"/bin/sh", "-c", "unset HOSTNAME; exec " + s.python + " -"}
 }
 
 // labelsFor is the labels of a container running as uid.

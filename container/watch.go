@@ -157,21 +157,7 @@ func (w *watch) readPids() bool {
 }
 
 func (w *watch) cpuUsage() (time.Duration, error) {
-	b, err := os.ReadFile(w.cpuFile)
-	if err != nil {
-		return 0, err
-	}
-	if !w.cpuV2 {
-		ns, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-		return time.Duration(ns), err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "usage_usec "); ok {
-			us, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			return time.Duration(us) * time.Microsecond, err
-		}
-	}
-	return 0, errors.New("no usage_usec in cpu.stat")
+	return cgroupFiles{cpu: w.cpuFile, v2: w.cpuV2}.cpuUsage()
 }
 
 // stop ends the polling; the mounts stay open for the verdicts.
@@ -255,15 +241,26 @@ func filesAtLimit(mounts []*os.File, limit int64, since time.Time) bool {
 	return false
 }
 
-// cgroupFiles are the files of a process's cgroups that the watch reads.
+// cgroupFiles are the files of a process's cgroups that the watch and
+// sessions read.
 type cgroupFiles struct {
 	pidsEvents string
 	cpu        string
 	v2         bool
+	// oom holds the OOM killer's "oom_kill N" count (memory.oom_control on
+	// v1, memory.events on v2).
+	oom string
+	// procs lists the cgroup's processes (in the pids hierarchy on v1).
+	procs string
+	// freezer is the cgroup's directory in the freezer hierarchy on v1,
+	// the cgroup's own directory on v2 ("" when there is no freezer).
+	freezer string
 }
 
-// cgroupPaths finds the pids and CPU accounting files of pid's cgroups, on
-// cgroup v1 (pids.events, cpuacct.usage) or v2 (pids.events, cpu.stat).
+// cgroupPaths finds the pids, CPU, memory and freezer files of pid's
+// cgroups, on cgroup v1 (pids.events, cpuacct.usage, memory.oom_control,
+// freezer.state) or v2 (pids.events, cpu.stat, memory.events,
+// cgroup.freeze).
 func cgroupPaths(pid int) (cgroupFiles, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 	if err != nil {
@@ -273,7 +270,7 @@ func cgroupPaths(pid int) (cgroupFiles, error) {
 	if err != nil {
 		return cgroupFiles{}, err
 	}
-	var pidsDir, cpuDir, v2Dir string
+	var pidsDir, cpuDir, memDir, freezerDir, v2Dir string
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
 		parts := strings.SplitN(sc.Text(), ":", 3)
@@ -293,19 +290,143 @@ func cgroupPaths(pid int) (cgroupFiles, error) {
 					pidsDir = filepath.Join(m, parts[2])
 				case "cpuacct":
 					cpuDir = filepath.Join(m, parts[2])
+				case "memory":
+					memDir = filepath.Join(m, parts[2])
+				case "freezer":
+					freezerDir = filepath.Join(m, parts[2])
 				}
 			}
 		}
 	}
 	if pidsDir != "" && cpuDir != "" {
-		return cgroupFiles{pidsEvents: filepath.Join(pidsDir, "pids.events"), cpu: filepath.Join(cpuDir, "cpuacct.usage")}, nil
+		f := cgroupFiles{pidsEvents: filepath.Join(pidsDir, "pids.events"), cpu: filepath.Join(cpuDir, "cpuacct.usage"),
+			procs: filepath.Join(pidsDir, "cgroup.procs"), freezer: freezerDir}
+		if memDir != "" {
+			f.oom = filepath.Join(memDir, "memory.oom_control")
+		}
+		return f, nil
 	}
 	if v2Dir != "" {
 		if _, err := os.Stat(filepath.Join(v2Dir, "pids.events")); err == nil {
-			return cgroupFiles{pidsEvents: filepath.Join(v2Dir, "pids.events"), cpu: filepath.Join(v2Dir, "cpu.stat"), v2: true}, nil
+			f := cgroupFiles{pidsEvents: filepath.Join(v2Dir, "pids.events"), cpu: filepath.Join(v2Dir, "cpu.stat"), v2: true,
+				oom: filepath.Join(v2Dir, "memory.events"), procs: filepath.Join(v2Dir, "cgroup.procs")}
+			if _, err := os.Stat(filepath.Join(v2Dir, "cgroup.freeze")); err == nil {
+				f.freezer = v2Dir
+			}
+			return f, nil
 		}
 	}
 	return cgroupFiles{}, fmt.Errorf("container: no pids and CPU accounting cgroups for the run (pid %d)", pid)
+}
+
+// cpuUsage reads the cgroup's CPU usage.
+func (c cgroupFiles) cpuUsage() (time.Duration, error) {
+	b, err := os.ReadFile(c.cpu)
+	if err != nil {
+		return 0, err
+	}
+	if !c.v2 {
+		ns, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		return time.Duration(ns), err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "usage_usec "); ok {
+			us, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return time.Duration(us) * time.Microsecond, err
+		}
+	}
+	return 0, errors.New("no usage_usec in cpu.stat")
+}
+
+// counter reads the value of key in a flat keyed file ("key N" lines).
+func counter(path, key string) (int64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, " "); ok && k == key {
+			return strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("no %s in %s", key, path)
+}
+
+// pidsRefused is the number of forks the pids controller refused.
+func (c cgroupFiles) pidsRefused() (int64, error) { return counter(c.pidsEvents, "max") }
+
+// oomKills is the number of processes the OOM killer killed in the cgroup.
+func (c cgroupFiles) oomKills() (int64, error) {
+	if c.oom == "" {
+		return 0, errors.New("no memory cgroup")
+	}
+	return counter(c.oom, "oom_kill")
+}
+
+// pids lists the processes of the cgroup.
+func (c cgroupFiles) pids() ([]int, error) {
+	b, err := os.ReadFile(c.procs)
+	if err != nil {
+		return nil, err
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids, nil
+}
+
+// freezeTimeout bounds how long freezing or thawing the cgroup may take.
+const freezeTimeout = 2 * time.Second
+
+// setFrozen freezes or thaws every process of the cgroup and returns once
+// the kernel reports it done. A frozen process does not run, whatever it
+// arranged: a SIGCONT does not wake it.
+func (c cgroupFiles) setFrozen(frozen bool) error {
+	if c.freezer == "" {
+		return errors.New("container: the container's cgroup has no freezer")
+	}
+	file, value, want := "freezer.state", "THAWED", "THAWED"
+	if frozen {
+		value, want = "FROZEN", "FROZEN"
+	}
+	if c.v2 {
+		file, value = "cgroup.freeze", "0"
+		if frozen {
+			value = "1"
+		}
+	}
+	if err := os.WriteFile(filepath.Join(c.freezer, file), []byte(value), 0); err != nil {
+		return fmt.Errorf("container: freezer: %w", err)
+	}
+	deadline := time.Now().Add(freezeTimeout)
+	pause := 20 * time.Microsecond
+	for {
+		var done bool
+		if c.v2 {
+			n, err := counter(filepath.Join(c.freezer, "cgroup.events"), "frozen")
+			if err != nil {
+				return fmt.Errorf("container: freezer: %w", err)
+			}
+			done = (n == 1) == frozen
+		} else {
+			b, err := os.ReadFile(filepath.Join(c.freezer, "freezer.state"))
+			if err != nil {
+				return fmt.Errorf("container: freezer: %w", err)
+			}
+			done = strings.TrimSpace(string(b)) == want
+		}
+		if done {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("container: the container's cgroup did not reach %s within %v", value, freezeTimeout)
+		}
+		time.Sleep(pause)
+		pause = min(2*pause, 5*time.Millisecond)
+	}
 }
 
 var (

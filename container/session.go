@@ -1,0 +1,723 @@
+package container
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/docker/docker/api/types"
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/pkg/stdcopy"
+	"golang.org/x/sys/unix"
+
+	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/image"
+	"github.com/moatsandbox/moat/internal/engine"
+	"github.com/moatsandbox/moat/internal/uidpool"
+)
+
+// Sessions.
+//
+// A session is one long-lived container, made and hardened as a one-shot
+// run's (moat's seccomp profile, a uid of its own leased for the session's
+// life, a read-only root, the tmpfs mounts of the disk limit, no network,
+// every capability dropped, the same labels, so that New's reaper removes
+// it once its owner is dead), whose init does nothing but reap
+// (sessionInit). Each run is an exec in it: Python reading the code on
+// stdin, as the session's uid, in the working directory, with the
+// container's rlimits (Docker gives an exec the container's). As for a
+// one-shot run, the code is written only once moat holds the exec's
+// process (a pidfd), has checked from the host that it is in the
+// container's cgroup and runs under moat's seccomp filter.
+//
+//   - The session as a whole gets the level's limits on memory, processes
+//     and disk: they are the container's. The CPU time limit applies to
+//     each run, counted from the container's cgroup since the run began;
+//     the session's container may use Config.SessionCPUTime over its whole
+//     life (runs and file operations together), after which its runs fail
+//     with moat.ErrSpent.
+//   - A run ends when its Python ends, or is killed: then moat kills, from
+//     the host, every process of the container but its init (the cgroup
+//     frozen meanwhile, so that nothing forks past the kill), so that
+//     nothing a run started survives it.
+//   - Between runs the container is paused (Docker's ContainerPause, the
+//     cgroup freezer): nothing of it runs. A file operation unpauses it for
+//     its exec and pauses it again.
+//   - The file operations run inside the container, as execs of the
+//     session's uid (see exec).
+//
+// A kill at a run's end also kills a file operation in flight then: that
+// operation fails and changes nothing the code could not have changed.
+type session struct {
+	b       *backend
+	release func() // of the backend's client
+	lease   *uidpool.Lease
+	id      string
+	uid     int
+	user    string
+	initPid int
+	initFd  int // a pidfd of the init: readable once it died
+	cg      cgroupFiles
+	mounts  []*os.File // the tmpfs roots, opened through /proc/PID/root
+	files   moat.Files
+
+	mu     sync.Mutex
+	active int  // runs and file operations in progress: unpaused while > 0
+	paused bool // the engine paused the container
+	closed bool
+	broken error // set once the container cannot serve a run any more
+	run    *sessionRun
+}
+
+var _ engine.SessionInstance = (*session)(nil)
+
+// NewSession makes a session's container; see engine.SessionBackend.
+func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (engine.SessionInstance, error) {
+	if opts.Interpreter {
+		return nil, unavailable("the container level keeps no live interpreter between runs yet: each run of its sessions is a fresh python3 in the session's container",
+			"use a session without Interpreter, or the subprocess level", nil)
+	}
+	if !b.watched {
+		return nil, unavailable("container sessions need moat to be root: each run is watched and killed, and the container frozen, from the host", "run moat as root", nil)
+	}
+	release, err := b.holdClient()
+	if err != nil {
+		return nil, err
+	}
+	s := &session{b: b, release: release, initFd: -1}
+	ok := false
+	defer func() {
+		if !ok {
+			s.Close()
+		}
+	}()
+	// As for prepare, the engine is asked under a context of its own: a
+	// create cancelled in flight may still make a container.
+	cctx, cancel := context.WithTimeout(context.Background(), createTimeout)
+	defer cancel()
+	stop := context.AfterFunc(ctx, cancel)
+	defer stop()
+	if s.lease, err = b.freeUID(cctx); err != nil {
+		return nil, err
+	}
+	s.uid = s.lease.UID
+	s.user = user(s.uid)
+	cfg := b.spec.sessionConfig(s.uid)
+	created, err := b.cli.ContainerCreate(cctx, cfg, b.spec.hostConfig(s.uid), nil, nil, "")
+	if err != nil {
+		return nil, b.createError(err)
+	}
+	s.id = created.ID
+	if err := b.cli.ContainerStart(cctx, s.id, container.StartOptions{}); err != nil {
+		return nil, fmt.Errorf("container: start the session's container: %w", err)
+	}
+	if s.initPid, err = b.initPid(cctx, s.id); err != nil {
+		return nil, fmt.Errorf("container: the session's init: %w", err)
+	}
+	if s.initFd, err = unix.PidfdOpen(s.initPid, 0); err != nil {
+		return nil, fmt.Errorf("container: pidfd of the session's init: %w", err)
+	}
+	if err := b.checkSeccomp(s.initPid); err != nil {
+		return nil, err
+	}
+	if s.cg, err = cgroupPaths(s.initPid); err != nil {
+		return nil, err
+	}
+	if !strings.Contains(s.cg.procs, s.id) {
+		return nil, fmt.Errorf("container: pid %d is not in the session container's cgroup (%s)", s.initPid, s.cg.procs)
+	}
+	if s.cg.freezer == "" {
+		return nil, unavailable("the session container's cgroup has no freezer, so its leftovers could run between runs", "use a kernel with the cgroup freezer", nil)
+	}
+	if _, err := s.cg.cpuUsage(); err != nil {
+		return nil, fmt.Errorf("container: the session's CPU usage: %w", err)
+	}
+	if _, err := s.cg.pidsRefused(); err != nil {
+		return nil, fmt.Errorf("container: the session's pids events: %w", err)
+	}
+	if _, err := s.cg.oomKills(); err != nil {
+		return nil, fmt.Errorf("container: the session's OOM kills: %w", err)
+	}
+	root := fmt.Sprintf("/proc/%d/root", s.initPid)
+	for _, p := range b.mountPaths() {
+		f, err := os.OpenFile(filepath.Join(root, p), os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
+		if err != nil {
+			return nil, fmt.Errorf("container: open the session's %s from the host: %w", p, err)
+		}
+		s.mounts = append(s.mounts, f)
+		var st unix.Statfs_t
+		if err := unix.Fstatfs(int(f.Fd()), &st); err != nil || st.Type != unix.TMPFS_MAGIC {
+			return nil, fmt.Errorf("container: the session's %s is not the tmpfs moat mounted (statfs type %#x, %v)", p, st.Type, err)
+		}
+	}
+	s.files = newSessionFiles(s.exec)
+	// Nothing runs until the first run or file operation.
+	if err := b.cli.ContainerPause(cctx, s.id); err != nil {
+		return nil, fmt.Errorf("container: pause the session's container: %w", err)
+	}
+	s.paused = true
+	ok = true
+	return s, nil
+}
+
+// errSessionClosed is what a session's operations return after Close.
+var errSessionClosed = fmt.Errorf("container: session: %w", moat.ErrClosed)
+
+// enter counts a run or a file operation in, unpausing the container for
+// the first one.
+func (s *session) enter(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.closed:
+		return errSessionClosed
+	case s.broken != nil:
+		return s.broken
+	}
+	if s.initDied() {
+		s.broken = unavailable("the session's container stopped (its init died)", "close the session and make a new one", nil)
+		return s.broken
+	}
+	if s.active == 0 && s.paused {
+		if err := s.b.cli.ContainerUnpause(ctx, s.id); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			s.broken = fmt.Errorf("container: unpause the session's container: %w", err)
+			return s.broken
+		}
+		s.paused = false
+	}
+	s.active++
+	return nil
+}
+
+// leave counts a run or a file operation out, pausing the container after
+// the last one. A container that cannot be paused serves no further run.
+func (s *session) leave() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.active--
+	if s.active > 0 || s.closed {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), removeTimeout)
+	defer cancel()
+	if err := s.b.cli.ContainerPause(ctx, s.id); err != nil {
+		s.b.log.Warn("container: pause a session's container", "id", shortID(s.id), "err", err)
+		if s.broken == nil {
+			s.broken = unavailable("the session's container could not be paused between runs", "close the session", err)
+		}
+		return
+	}
+	s.paused = true
+}
+
+// initDied reports whether the session's init is gone.
+func (s *session) initDied() bool {
+	fds := []unix.PollFd{{Fd: int32(s.initFd), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds, 0)
+	return err == nil && n > 0
+}
+
+// killAllButInit kills every process of the container but its init: with
+// the cgroup frozen, so that nothing forks or exits meanwhile (no pid can
+// be reused while it is listed), each pid of cgroup.procs but the init's
+// gets SIGKILL; then the cgroup is thawed and the dead leave it. It repeats
+// until the init is alone, and fails if it cannot get there.
+func (s *session) killAllButInit() error {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if err := s.cg.setFrozen(true); err != nil {
+			s.cg.setFrozen(false)
+			return err
+		}
+		pids, err := s.cg.pids()
+		n := 0
+		for _, pid := range pids {
+			if pid != s.initPid {
+				unix.Kill(pid, unix.SIGKILL)
+				n++
+			}
+		}
+		if terr := s.cg.setFrozen(false); terr != nil && err == nil {
+			err = terr
+		}
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return nil
+		}
+		// The killed leave the cgroup once thawed and dead.
+		for wait := 50 * time.Microsecond; ; wait = min(2*wait, 5*time.Millisecond) {
+			pids, err := s.cg.pids()
+			if err != nil {
+				return err
+			}
+			if len(pids) == 1 && pids[0] == s.initPid || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(wait)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("container: processes of the session's container survive their SIGKILL")
+		}
+	}
+}
+
+// Start starts one run of the session: an exec of Python in its container,
+// fed the code once moat holds its process; see engine.SessionInstance.
+func (s *session) Start(ctx context.Context, code []byte, stdout, stderr io.Writer) (engine.Process, error) {
+	if err := s.enter(ctx); err != nil {
+		return nil, err
+	}
+	r := &sessionRun{s: s, pidfd: -1, began: time.Now(), done: make(chan struct{})}
+	ok := false
+	defer func() {
+		if !ok {
+			r.close()
+			if r.hj.Conn != nil {
+				// The exec may be running, waiting for its code.
+				s.killAllButInit()
+			}
+			s.leave()
+		}
+	}()
+	var err error
+	if r.cpuBase, err = s.cg.cpuUsage(); err != nil {
+		return nil, fmt.Errorf("container: the session's CPU usage: %w", err)
+	}
+	if r.pidsBase, err = s.cg.pidsRefused(); err != nil {
+		return nil, fmt.Errorf("container: the session's pids events: %w", err)
+	}
+	if r.oomBase, err = s.cg.oomKills(); err != nil {
+		return nil, fmt.Errorf("container: the session's OOM kills: %w", err)
+	}
+	r.fullAtStart = mountsFull(s.mounts)
+	if r.cpuBase >= s.b.sessionCPU {
+		return nil, fmt.Errorf("container: session: its CPU budget of %v (session_cpu_time) is used up: %w", s.b.sessionCPU, moat.ErrSpent)
+	}
+	b := s.b
+	if r.execID, r.hj, err = s.startExec(ctx, b.spec.runCmd(), true); err != nil {
+		return nil, err
+	}
+	pid, err := s.execPid(ctx, r.execID)
+	if err != nil {
+		return nil, err
+	}
+	if r.pidfd, err = unix.PidfdOpen(pid, 0); err != nil {
+		return nil, fmt.Errorf("container: pidfd of the run's process: %w", err)
+	}
+	// The pidfd is open: pid cannot be reused from here on. Make sure it is
+	// the container's, as the session's uid.
+	if cg, err := cgroupPaths(pid); err != nil || cg.procs != s.cg.procs {
+		return nil, fmt.Errorf("container: the run's process %d is not in the session container's cgroup (%v)", pid, err)
+	}
+	if err := b.checkSeccomp(pid); err != nil {
+		return nil, err
+	}
+	if st, err := procStatus(pid); err != nil || !strings.HasPrefix(st["Uid"], fmt.Sprintf("%d\t", s.uid)) {
+		return nil, fmt.Errorf("container: the run's process %d is not of the session's uid %d (%v)", pid, s.uid, err)
+	}
+	r.outDone = make(chan error, 1)
+	hj := r.hj
+	go func() {
+		hj.Conn.Write(code)
+		hj.CloseWrite()
+	}()
+	go func() {
+		_, err := stdcopy.StdCopy(stdout, stderr, hj.Reader)
+		r.outDone <- err
+	}()
+	go r.meter()
+	s.mu.Lock()
+	s.run = r
+	s.mu.Unlock()
+	ok = true
+	return r, nil
+}
+
+// startExec creates and starts an exec of argv in the session's container
+// as its uid, attached to its stdout and stderr, and to its stdin when
+// stdin is true.
+func (s *session) startExec(ctx context.Context, argv []string, stdin bool) (string, types.HijackedResponse, error) {
+	ex, err := s.b.cli.ContainerExecCreate(ctx, s.id, container.ExecOptions{
+		User:         s.user,
+		Cmd:          argv,
+		Env:          s.b.spec.env(),
+		WorkingDir:   image.WorkDir,
+		AttachStdin:  stdin,
+		AttachStdout: true,
+		AttachStderr: true,
+	})
+	if err != nil {
+		return "", types.HijackedResponse{}, fmt.Errorf("container: exec create: %w", err)
+	}
+	hj, err := s.b.cli.ContainerExecAttach(ctx, ex.ID, container.ExecAttachOptions{})
+	if err != nil {
+		return "", types.HijackedResponse{}, fmt.Errorf("container: exec start: %w", err)
+	}
+	return ex.ID, hj, nil
+}
+
+// execWait bounds how long an exec's process may take to show, and how long
+// the engine may take to report its end.
+const execWait = 10 * time.Second
+
+// execPid waits for the host pid of an exec's process.
+func (s *session) execPid(ctx context.Context, execID string) (int, error) {
+	deadline := time.Now().Add(execWait)
+	for pause := 500 * time.Microsecond; ; pause = min(2*pause, 2*time.Millisecond) {
+		ins, err := s.b.cli.ContainerExecInspect(ctx, execID)
+		if err != nil {
+			return 0, fmt.Errorf("container: exec inspect: %w", err)
+		}
+		if ins.Pid != 0 {
+			return ins.Pid, nil
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("container: the exec's process did not start within %v", execWait)
+		}
+		time.Sleep(pause)
+	}
+}
+
+// execExit waits for the engine to report the end of an exec, and returns
+// its exit code (128+N for a death by signal N).
+func (s *session) execExit(execID string) (int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), execWait)
+	defer cancel()
+	for pause := 200 * time.Microsecond; ; pause = min(2*pause, 10*time.Millisecond) {
+		ins, err := s.b.cli.ContainerExecInspect(ctx, execID)
+		if err != nil {
+			return 0, fmt.Errorf("container: exec inspect: %w", err)
+		}
+		if !ins.Running {
+			return ins.ExitCode, nil
+		}
+		select {
+		case <-ctx.Done():
+			return 0, fmt.Errorf("container: the engine did not report the exec's end within %v", execWait)
+		case <-time.After(pause):
+		}
+	}
+}
+
+// exec runs argv in the session's container as the session's uid, in its
+// working directory, with stdin (when not nil) as its standard input and
+// its standard output written to stdout; it returns once the command ended
+// and its output is written, with an error when it failed (its exit code
+// and the start of its standard error). It is what the file operations run
+// through. It unpauses the container for the command; ctx's end kills it.
+func (s *session) exec(ctx context.Context, argv []string, stdin io.Reader, stdout io.Writer) error {
+	if len(argv) == 0 {
+		return fmt.Errorf("container: session exec: no command: %w", moat.ErrInvalid)
+	}
+	if err := s.enter(ctx); err != nil {
+		return err
+	}
+	defer s.leave()
+	execID, hj, err := s.startExec(ctx, argv, true)
+	if err != nil {
+		return err
+	}
+	defer hj.Close()
+	// end kills the command, if it still runs; its end closes the stream.
+	end := func() {
+		ictx, cancel := context.WithTimeout(context.Background(), execWait)
+		defer cancel()
+		if ins, err := s.b.cli.ContainerExecInspect(ictx, execID); err == nil && ins.Running && ins.Pid != 0 {
+			s.killExec(ins.Pid)
+		}
+		hj.Close()
+	}
+	stop := context.AfterFunc(ctx, end)
+	defer stop()
+	go func() {
+		if stdin != nil {
+			io.Copy(hj.Conn, stdin)
+		}
+		hj.CloseWrite()
+	}()
+	var errOut limitedBuffer
+	errOut.max = 4096
+	out := &errWriter{w: stdout}
+	_, cerr := stdcopy.StdCopy(out, &errOut, hj.Reader)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if out.err != nil {
+		// The caller stopped reading: the command must not go on.
+		end()
+		return fmt.Errorf("container: session exec %s: its output: %w", argv[0], out.err)
+	}
+	code, err := s.execExit(execID)
+	if err != nil {
+		return err
+	}
+	if code != 0 {
+		return fmt.Errorf("container: session exec %s: exit %d: %s", argv[0], code, bytes.TrimSpace(errOut.Bytes()))
+	}
+	if cerr != nil {
+		return fmt.Errorf("container: session exec %s: its output: %w", argv[0], cerr)
+	}
+	return nil
+}
+
+// killExec kills process pid if it is still a process of the session's
+// container.
+func (s *session) killExec(pid int) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	if cg, err := cgroupPaths(pid); err == nil && cg.procs == s.cg.procs {
+		unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+	}
+}
+
+// errWriter remembers the first error of w.
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *errWriter) Write(p []byte) (int, error) {
+	n, err := e.w.Write(p)
+	if err != nil && e.err == nil {
+		e.err = err
+	}
+	return n, err
+}
+
+// limitedBuffer keeps the first max bytes written to it and drops the
+// rest.
+type limitedBuffer struct {
+	bytes.Buffer
+	max int
+}
+
+func (b *limitedBuffer) Write(p []byte) (int, error) {
+	if room := b.max - b.Len(); room > 0 {
+		b.Buffer.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
+}
+
+// Close removes the session's container, killing whatever runs in it, and
+// releases its uid; see engine.SessionInstance.
+func (s *session) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	var err error
+	if s.id != "" {
+		if !s.b.remove(s.id) {
+			err = fmt.Errorf("container: the session's container %s could not be removed; a later New removes it", shortID(s.id))
+			s.lease = nil // the container may still run as the uid
+		}
+	}
+	if s.lease != nil {
+		s.lease.Release()
+	}
+	for _, f := range s.mounts {
+		f.Close()
+	}
+	s.mounts = nil
+	if s.initFd >= 0 {
+		unix.Close(s.initFd)
+		s.initFd = -1
+	}
+	s.release()
+	return err
+}
+
+// sessionRun is one run of a session.
+type sessionRun struct {
+	s       *session
+	execID  string
+	hj      types.HijackedResponse
+	pidfd   int // the run's Python, readable once it ended
+	outDone chan error
+	began   time.Time
+
+	cpuBase     time.Duration
+	pidsBase    int64
+	oomBase     int64
+	fullAtStart bool
+
+	cpuHit atomic.Bool // the run's CPU time reached the limit
+	spent  atomic.Bool // the session's CPU budget is used up
+
+	mu      sync.Mutex
+	killed  bool
+	killing sync.WaitGroup
+	done    chan struct{} // closed when the run ended: the meter stops
+}
+
+// meter watches the container's CPU usage while the run goes on: the run's
+// own since it began, against the CPU time limit, and the container's
+// since it was made, against the session's budget. Either kills the run.
+func (r *sessionRun) meter() {
+	limit := time.Duration(r.s.b.spec.limits.CPUTime)
+	t := time.NewTicker(pollEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.done:
+			return
+		case <-t.C:
+		}
+		used, err := r.s.cg.cpuUsage()
+		if err != nil {
+			continue
+		}
+		if used-r.cpuBase >= limit || used >= r.s.b.sessionCPU {
+			if used >= r.s.b.sessionCPU {
+				r.spent.Store(true)
+			}
+			r.cpuHit.Store(true)
+			r.Kill()
+			return
+		}
+	}
+}
+
+// Kill kills every process of the container but its init, from another
+// goroutine: it must not block, since the output cap calls it from the
+// goroutine that copies the output.
+func (r *sessionRun) Kill() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	select {
+	case <-r.done:
+		return
+	default:
+	}
+	if r.killed {
+		return
+	}
+	r.killed = true
+	r.killing.Go(func() {
+		if err := r.s.killAllButInit(); err != nil {
+			r.s.b.log.Warn("container: kill a session's run", "id", shortID(r.s.id), "err", err)
+		}
+	})
+}
+
+// Wait waits for the run's Python to end, kills whatever of the run is
+// left, waits for its output and gathers the evidence from the host side:
+// the exit code from the engine, the CPU time from the cgroup, the OOM
+// kills and refused forks counted in the cgroup since the run began, a
+// file at the size limit changed since then, a mount full; then pauses the
+// container.
+func (r *sessionRun) Wait() (engine.Evidence, error) {
+	s := r.s
+	defer s.leave()
+	defer r.close()
+	fds := []unix.PollFd{{Fd: int32(r.pidfd), Events: unix.POLLIN}}
+	for {
+		_, err := unix.Poll(fds, -1)
+		if err == nil || !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	// Nothing the run started outlives it.
+	kerr := s.killAllButInit()
+	r.mu.Lock()
+	close(r.done)
+	killed := r.killed
+	r.mu.Unlock()
+	r.killing.Wait()
+	select {
+	case <-r.outDone:
+	case <-time.After(outputGrace):
+		r.hj.Close()
+		<-r.outDone
+	}
+	if kerr != nil {
+		return engine.Evidence{}, kerr
+	}
+	code, err := s.execExit(r.execID)
+	if err != nil {
+		return engine.Evidence{}, err
+	}
+	ev := engine.Evidence{
+		Exited:  !killed,
+		Status:  exitStatus(int64(code)),
+		CPUTime: r.cpuHit.Load(),
+		Spent:   r.spent.Load(),
+	}
+	if used, err := s.cg.cpuUsage(); err == nil && used >= s.b.sessionCPU {
+		ev.Spent = true
+	}
+	if n, err := s.cg.oomKills(); err == nil && n > r.oomBase {
+		ev.Memory = true
+	}
+	if n, err := s.cg.pidsRefused(); err == nil && n > r.pidsBase {
+		ev.Pids = true
+	}
+	ev.FileSize = filesAtLimit(s.mounts, int64(s.b.spec.limits.FileSize), r.began)
+	clean := ev.Exited && ev.Status.Exited() && ev.Status.ExitStatus() == 0
+	ev.Disk = mountsFull(s.mounts) && (!r.fullAtStart || !clean)
+	return ev, nil
+}
+
+// close releases what the run holds.
+func (r *sessionRun) close() {
+	if r.pidfd >= 0 {
+		unix.Close(r.pidfd)
+		r.pidfd = -1
+	}
+	if r.hj.Conn != nil {
+		r.hj.Close()
+	}
+	s := r.s
+	s.mu.Lock()
+	if s.run == r {
+		s.run = nil
+	}
+	s.mu.Unlock()
+}
+
+// The file operations; see moat.Files.
+
+func (s *session) WriteFile(ctx context.Context, name string, r io.Reader) error {
+	return s.files.WriteFile(ctx, name, r)
+}
+
+func (s *session) ReadFile(ctx context.Context, name string) (io.ReadCloser, error) {
+	return s.files.ReadFile(ctx, name)
+}
+
+func (s *session) ListFiles(ctx context.Context) ([]moat.FileInfo, error) {
+	return s.files.ListFiles(ctx)
+}
+
+func (s *session) Stat(ctx context.Context, name string) (moat.FileInfo, error) {
+	return s.files.Stat(ctx, name)
+}
+
+func (s *session) Mkdir(ctx context.Context, name string) error { return s.files.Mkdir(ctx, name) }
+
+func (s *session) Rename(ctx context.Context, from, to string) error {
+	return s.files.Rename(ctx, from, to)
+}
+
+func (s *session) RemoveFile(ctx context.Context, name string) error {
+	return s.files.RemoveFile(ctx, name)
+}

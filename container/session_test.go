@@ -1,0 +1,405 @@
+package container_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/client"
+
+	"github.com/moatsandbox/moat"
+	moatcontainer "github.com/moatsandbox/moat/container"
+)
+
+// sessionHelperEnv makes the test binary a moat process that makes a
+// session, runs once in it, says so and waits to be killed (see
+// TestSessionOfAKilledMoatIsReaped).
+const sessionHelperEnv = "MOAT_CONTAINER_SESSION_HELPER"
+
+func init() {
+	if os.Getenv(sessionHelperEnv) != "1" {
+		return
+	}
+	sb, err := moatcontainer.New(moatcontainer.Config{Warm: -1})
+	if err != nil {
+		fmt.Println("error:", err)
+		os.Exit(1)
+	}
+	ss, err := sb.NewSession(context.Background(), moat.SessionOptions{})
+	if err != nil {
+		fmt.Println("error:", err)
+		os.Exit(1)
+	}
+	res, err := ss.Run(context.Background(), moat.Request{Code: []byte("open('kept', 'w').write('x')\nprint('ready')")})
+	if err != nil {
+		fmt.Println("error:", err)
+		os.Exit(1)
+	}
+	os.Stdout.Write(res.Stdout)
+	time.Sleep(time.Minute)
+	os.Exit(1)
+}
+
+func dockerClient(t *testing.T) *client.Client {
+	t.Helper()
+	cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// sessionContainers lists the session containers of moat process pid.
+func sessionContainers(t *testing.T, cli *client.Client, pid int) []container.Summary {
+	t.Helper()
+	list, err := cli.ContainerList(context.Background(), container.ListOptions{All: true, Filters: filters.NewArgs(
+		filters.Arg("label", moatcontainer.LabelSession+"=1"),
+		filters.Arg("label", moatcontainer.LabelOwner+"="+strconv.Itoa(pid)),
+	)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return list
+}
+
+func newSession(t *testing.T, sb moat.Sandbox) moat.Session {
+	t.Helper()
+	ss, err := sb.(moat.Sessioner).NewSession(context.Background(), moat.SessionOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ss.Close() })
+	return ss
+}
+
+func run(t *testing.T, ss moat.Session, code string) *moat.Result {
+	t.Helper()
+	res, err := ss.Run(context.Background(), moat.Request{Code: []byte(code)})
+	if err != nil {
+		t.Fatalf("run %q: %v", code, err)
+	}
+	return res
+}
+
+// TestSessionRunLimits: each run of a session gets the run limits, and a
+// run that hits one (CPU time, wall time, memory, processes, output) ends
+// with its reason while the session goes on, its files kept.
+func TestSessionRunLimits(t *testing.T) {
+	needEngine(t)
+	sb := factory(t, moat.Limits{CPUTime: moat.Duration(time.Second), WallTime: moat.Duration(4 * time.Second),
+		Memory: 128 * moat.MiB, Pids: 32, Output: 64 * moat.KiB})
+	defer sb.Close()
+	ss := newSession(t, sb)
+	run(t, ss, "open('kept', 'w').write('still here')")
+	for _, c := range []struct {
+		name, code string
+		reason     moat.Reason
+	}{
+		{"cpu", "while True: pass", moat.ReasonTimeout},
+		{"wall", "import time\ntime.sleep(60)", moat.ReasonTimeout},
+		{"memory", "b = []\nwhile True: b.append(bytearray(16 << 20))", moat.ReasonMemory},
+		{"pids", "import os, time\nfor _ in range(64):\n    if os.fork() == 0:\n        time.sleep(30)\n        os._exit(0)", moat.ReasonPids},
+		{"output", "while True: print('x' * 1000)", moat.ReasonOutput},
+		{"signal", "import os\nos.kill(os.getpid(), 11)", moat.ReasonSignal},
+	} {
+		res := run(t, ss, c.code)
+		if res.Reason != c.reason {
+			t.Errorf("%s: reason %q (exit %d, stderr %q), want %q", c.name, res.Reason, res.ExitCode, res.Stderr, c.reason)
+		}
+		// The session goes on, with its files, and the next run has the
+		// whole of each limit again: it forks as many processes as a
+		// fresh run may.
+		after := run(t, ss, `import os
+pids = []
+for _ in range(20):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    pids.append(pid)
+for p in pids:
+    os.waitpid(p, 0)
+print(open('kept').read(), len(pids))`)
+		if got := strings.TrimSpace(string(after.Stdout)); got != "still here 20" || after.Reason != "" {
+			t.Errorf("after %s: %q %q (reason %q), want the file and 20 forks", c.name, got, after.Stderr, after.Reason)
+		}
+	}
+}
+
+// TestSessionLeftoversDoNotRun: a process a run leaves behind (detached in
+// a session of its own, writing the time to a file) is killed at its run's
+// end: between runs the container is paused and holds nothing but its
+// init, and the next run finds no tick written after the previous run
+// returned, and no process but its own and the init.
+func TestSessionLeftoversDoNotRun(t *testing.T) {
+	needEngine(t)
+	sb := factory(t, moat.Limits{})
+	defer sb.Close()
+	ss := newSession(t, sb)
+	cli := dockerClient(t)
+	list := sessionContainers(t, cli, os.Getpid())
+	if len(list) != 1 {
+		t.Fatalf("%d session containers of this process, want 1", len(list))
+	}
+	id := list[0].ID
+	res := run(t, ss, `import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        while True:
+            with open('tick', 'w') as f:
+                f.write(repr(time.time()))
+            time.sleep(0.01)
+    os._exit(0)
+time.sleep(0.3)
+print(open('tick').read())`)
+	ended := float64(time.Now().UnixNano()) / 1e9
+	if res.ExitCode != 0 || len(res.Stdout) == 0 {
+		t.Fatalf("inconclusive: the writer did not start: %+v", res)
+	}
+	ins, err := cli.ContainerInspect(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ins.State.Paused {
+		t.Errorf("between runs the session's container is %s, want paused", ins.State.Status)
+	}
+	top, err := cli.ContainerTop(context.Background(), id, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(top.Processes) != 1 {
+		t.Errorf("between runs the session's container holds %d processes, want its init alone: %v", len(top.Processes), top.Processes)
+	}
+	time.Sleep(500 * time.Millisecond)
+	res = run(t, ss, `import os
+print(open('tick').read())
+print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()), os.getpid())`)
+	lines := strings.Split(strings.TrimSpace(string(res.Stdout)), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("the second run printed %q (stderr %q)", res.Stdout, res.Stderr)
+	}
+	last, err := strconv.ParseFloat(lines[0], 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last > ended {
+		t.Errorf("the leftover wrote at %.3f, after its run returned at %.3f", last, ended)
+	}
+	var pid int
+	procs := strings.TrimSpace(lines[1])
+	fmt.Sscanf(procs[strings.LastIndexByte(procs, ' ')+1:], "%d", &pid)
+	if want := fmt.Sprintf("[1, %d] %d", pid, pid); procs != want {
+		t.Errorf("the second run sees the processes %s, want the init's and its own (%s)", procs, want)
+	}
+}
+
+// TestSessionsAreApart: two sessions of one sandbox have uids of their own
+// and do not see each other's files.
+func TestSessionsAreApart(t *testing.T) {
+	needEngine(t)
+	sb := factory(t, moat.Limits{})
+	defer sb.Close()
+	a, b := newSession(t, sb), newSession(t, sb)
+	run(t, a, "open('secret', 'w').write('a')")
+	ra := run(t, a, "import os\nprint(os.getuid(), os.listdir('.'))")
+	rb := run(t, b, "import os\nprint(os.getuid(), os.listdir('.'), [p for p in os.listdir('/proc') if p.isdigit()])")
+	ua, _, _ := strings.Cut(string(ra.Stdout), " ")
+	ub, rest, _ := strings.Cut(string(rb.Stdout), " ")
+	if ua == ub {
+		t.Errorf("two sessions share uid %s", ua)
+	}
+	if !strings.Contains(string(ra.Stdout), "'secret'") {
+		t.Fatalf("inconclusive: session a does not see its own file: %q", ra.Stdout)
+	}
+	if strings.Contains(rest, "secret") {
+		t.Errorf("session b sees a's file: %q", rb.Stdout)
+	}
+}
+
+// TestSessionCloseLeavesNothing: Close removes the session's container,
+// as the engine sees it, and a run after Close fails with ErrClosed.
+func TestSessionCloseLeavesNothing(t *testing.T) {
+	needEngine(t)
+	sb := factory(t, moat.Limits{})
+	defer sb.Close()
+	cli := dockerClient(t)
+	ss, err := sb.(moat.Sessioner).NewSession(context.Background(), moat.SessionOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, ss, "print(1)")
+	if n := len(sessionContainers(t, cli, os.Getpid())); n != 1 {
+		t.Fatalf("inconclusive: %d session containers while the session is open, want 1", n)
+	}
+	if err := ss.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if left := sessionContainers(t, cli, os.Getpid()); len(left) != 0 {
+		t.Errorf("after Close, session containers remain: %v", left)
+	}
+	if _, err := ss.Run(context.Background(), moat.Request{Code: []byte("print(1)")}); !errors.Is(err, moat.ErrClosed) {
+		t.Errorf("Run after Close: %v, want ErrClosed", err)
+	}
+}
+
+// TestSessionOutlivesItsSandbox: a session belongs to its caller; closing
+// the sandbox that made it neither closes it nor breaks it.
+func TestSessionOutlivesItsSandbox(t *testing.T) {
+	needEngine(t)
+	sb := factory(t, moat.Limits{})
+	ss := newSession(t, sb)
+	if err := sb.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if res := run(t, ss, "print(2)"); strings.TrimSpace(string(res.Stdout)) != "2" {
+		t.Errorf("a run after the sandbox closed: %+v", res)
+	}
+	if err := ss.Close(); err != nil {
+		t.Errorf("Close after the sandbox closed: %v", err)
+	}
+	if left := sessionContainers(t, dockerClient(t), os.Getpid()); len(left) != 0 {
+		t.Errorf("after Close, session containers remain: %v", left)
+	}
+}
+
+// TestSessionOfAKilledMoatIsReaped: a moat killed -9 with a session open
+// leaves its container behind, paused; the next New removes it.
+func TestSessionOfAKilledMoatIsReaped(t *testing.T) {
+	needEngine(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), sessionHelperEnv+"=1")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	}()
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if strings.TrimSpace(line) != "ready" {
+		t.Fatalf("the helper: %q, %v", line, err)
+	}
+	cli := dockerClient(t)
+	pid := cmd.Process.Pid
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	left := sessionContainers(t, cli, pid)
+	if len(left) != 1 || left[0].State != "paused" {
+		t.Fatalf("after kill -9 of the helper, its session containers: %+v; want one, paused (else this test proves nothing)", left)
+	}
+	sb, err := moatcontainer.New(moatcontainer.Config{Warm: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	if left := sessionContainers(t, cli, pid); len(left) != 0 {
+		t.Errorf("after the next New, the killed moat's session container remains: %+v", left)
+	}
+}
+
+// TestSessionCPUBudget: the session's container may use SessionCPUTime
+// over its life; the run that reaches it ends with a timeout, and later
+// runs fail with ErrSpent.
+func TestSessionCPUBudget(t *testing.T) {
+	needEngine(t)
+	sb, err := moatcontainer.New(moatcontainer.Config{Warm: -1, SessionCPUTime: moat.Duration(1500 * time.Millisecond),
+		Limits: moat.Limits{CPUTime: moat.Duration(time.Second), WallTime: moat.Duration(10 * time.Second)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	ss := newSession(t, sb)
+	var reasons []moat.Reason
+	for range 3 {
+		res, err := ss.Run(context.Background(), moat.Request{Code: []byte("while True: pass")})
+		if errors.Is(err, moat.ErrSpent) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		reasons = append(reasons, res.Reason)
+	}
+	if want := []moat.Reason{moat.ReasonTimeout, moat.ReasonTimeout}; !slices.Equal(reasons, want) {
+		t.Errorf("busy runs until the budget is spent ended with %v, want %v and then ErrSpent", reasons, want)
+	}
+	if _, err := ss.Run(context.Background(), moat.Request{Code: []byte("print(1)")}); !errors.Is(err, moat.ErrSpent) {
+		t.Errorf("a run after the budget is spent: %v, want ErrSpent", err)
+	}
+}
+
+// TestSessionInterpreterRefused: the container level keeps no live
+// interpreter; asking for one fails closed instead of silently running
+// without it.
+func TestSessionInterpreterRefused(t *testing.T) {
+	needEngine(t)
+	sb := factory(t, moat.Limits{})
+	defer sb.Close()
+	ss, err := sb.(moat.Sessioner).NewSession(context.Background(), moat.SessionOptions{Interpreter: true})
+	if err == nil {
+		ss.Close()
+		t.Fatal("NewSession with Interpreter succeeded")
+	}
+	if !errors.Is(err, moat.ErrUnavailable) || !strings.Contains(err.Error(), "interpreter") {
+		t.Errorf("NewSession with Interpreter: %v, want ErrUnavailable that names the interpreter", err)
+	}
+}
+
+// BenchmarkSessionVsOneShot times print(1) as a session's run and as a
+// one-shot run, ten of each, alternating, and reports the medians.
+func BenchmarkSessionVsOneShot(b *testing.B) {
+	if err := prepareEngine(); err != nil {
+		b.Skip(err)
+	}
+	sb, err := moatcontainer.New(moatcontainer.Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sb.Close()
+	ss, err := sb.NewSession(context.Background(), moat.SessionOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ss.Close()
+	req := moat.Request{Code: []byte("print(1)")}
+	for b.Loop() {
+		var one, sess []time.Duration
+		for range 10 {
+			for i, run := range []func(context.Context, moat.Request) (*moat.Result, error){sb.Run, ss.Run} {
+				t0 := time.Now()
+				res, err := run(context.Background(), req)
+				d := time.Since(t0)
+				if err != nil || string(res.Stdout) != "1\n" {
+					b.Fatal(res, err)
+				}
+				if i == 0 {
+					one = append(one, d)
+				} else {
+					sess = append(sess, d)
+				}
+			}
+		}
+		slices.Sort(one)
+		slices.Sort(sess)
+		b.ReportMetric(float64(one[5].Microseconds())/1000, "oneshot-median-ms")
+		b.ReportMetric(float64(sess[5].Microseconds())/1000, "session-median-ms")
+	}
+}
