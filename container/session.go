@@ -21,6 +21,7 @@ import (
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/image"
 	"github.com/moatsandbox/moat/internal/engine"
+	"github.com/moatsandbox/moat/internal/sessionfiles"
 	"github.com/moatsandbox/moat/internal/uidpool"
 )
 
@@ -52,7 +53,8 @@ import (
 //     cgroup freezer): nothing of it runs. A file operation unpauses it for
 //     its exec and pauses it again.
 //   - The file operations run inside the container, as execs of the
-//     session's uid (see exec).
+//     session's uid (see exec) of internal/sessionfiles' program, which
+//     never follows a link the code planted.
 //
 // A kill at a run's end also kills a file operation in flight then: that
 // operation fails and changes nothing the code could not have changed.
@@ -68,6 +70,7 @@ type session struct {
 	cg      cgroupFiles
 	mounts  []*os.File // the tmpfs roots, opened through /proc/PID/root
 	files   moat.Files
+	killMu  sync.Mutex // held by killAllButInit
 
 	mu     sync.Mutex
 	active int  // runs and file operations in progress: unpaused while > 0
@@ -158,7 +161,7 @@ func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (eng
 			return nil, fmt.Errorf("container: the session's %s is not the tmpfs moat mounted (statfs type %#x, %v)", p, st.Type, err)
 		}
 	}
-	s.files = newSessionFiles(s.exec)
+	s.files = sessionfiles.New(s.exec, sessionfiles.Options{Python: b.spec.python, Dir: image.WorkDir, FileSize: b.spec.limits.FileSize})
 	// Nothing runs until the first run or file operation.
 	if err := b.cli.ContainerPause(cctx, s.id); err != nil {
 		return nil, fmt.Errorf("container: pause the session's container: %w", err)
@@ -234,6 +237,9 @@ func (s *session) initDied() bool {
 // gets SIGKILL; then the cgroup is thawed and the dead leave it. It repeats
 // until the init is alone, and fails if it cannot get there.
 func (s *session) killAllButInit() error {
+	// One at a time: a thaw of one would undo the freeze of another.
+	s.killMu.Lock()
+	defer s.killMu.Unlock()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		if err := s.cg.setFrozen(true); err != nil {

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"slices"
@@ -225,6 +227,94 @@ func TestSessionsAreApart(t *testing.T) {
 	}
 	if strings.Contains(rest, "secret") {
 		t.Errorf("session b sees a's file: %q", rb.Stdout)
+	}
+	if _, err := b.ReadFile(context.Background(), "secret"); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("session b's ReadFile of a's file: %v, want ErrNotExist", err)
+	}
+	if err := b.WriteFile(context.Background(), "only-b", strings.NewReader("b")); err != nil {
+		t.Fatal(err)
+	}
+	if list, err := a.ListFiles(context.Background()); err != nil || len(list) != 1 || list[0].Name != "secret" {
+		t.Errorf("session a's files: %+v, %v; want its own alone", list, err)
+	}
+}
+
+// TestSessionFiles: the file operations act in the session's working
+// directory, between runs and from one run to the next, never through a
+// link the code planted, and leave the container paused.
+func TestSessionFiles(t *testing.T) {
+	needEngine(t)
+	sb := factory(t, moat.Limits{FileSize: moat.MiB})
+	defer sb.Close()
+	ss := newSession(t, sb)
+	ctx := context.Background()
+	if err := ss.WriteFile(ctx, "in/data.txt", strings.NewReader("from the host")); err != nil {
+		t.Fatal(err)
+	}
+	res := run(t, ss, `import os
+print(open('in/data.txt').read())
+os.mkdir('out')
+open('out/result', 'w').write('from the code')
+os.symlink('/etc/passwd', 'link')`)
+	if got := strings.TrimSpace(string(res.Stdout)); got != "from the host" {
+		t.Errorf("the run read %q (stderr %q)", got, res.Stderr)
+	}
+	read := func(name string) (string, error) {
+		rc, err := ss.ReadFile(ctx, name)
+		if err != nil {
+			return "", err
+		}
+		defer rc.Close()
+		b, err := io.ReadAll(rc)
+		return string(b), err
+	}
+	if got, err := read("out/result"); err != nil || got != "from the code" {
+		t.Errorf("ReadFile of the run's file: %q, %v", got, err)
+	}
+	if _, err := read("link"); !errors.Is(err, moat.ErrInvalid) {
+		t.Errorf("ReadFile through a planted link: %v, want ErrInvalid", err)
+	}
+	if err := ss.Mkdir(ctx, "made/deep"); err != nil {
+		t.Error(err)
+	}
+	if err := ss.Rename(ctx, "out/result", "made/deep/moved"); err != nil {
+		t.Error(err)
+	}
+	if fi, err := ss.Stat(ctx, "made/deep/moved"); err != nil || fi.Size != int64(len("from the code")) || fi.IsDir {
+		t.Errorf("Stat of the moved file: %+v, %v", fi, err)
+	}
+	if err := ss.RemoveFile(ctx, "link"); err != nil {
+		t.Error(err)
+	}
+	if err := ss.WriteFile(ctx, "big", strings.NewReader(strings.Repeat("x", int(moat.MiB)+1))); !errors.Is(err, moat.ErrInvalid) {
+		t.Errorf("WriteFile past the file size limit: %v, want ErrInvalid", err)
+	}
+	list, err := ss.ListFiles(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, f := range list {
+		names = append(names, f.Name)
+	}
+	slices.Sort(names)
+	if want := []string{"in", "in/data.txt", "made", "made/deep", "made/deep/moved", "out"}; !slices.Equal(names, want) {
+		t.Errorf("ListFiles: %v, want %v", names, want)
+	}
+	res = run(t, ss, "print(open('made/deep/moved').read())")
+	if got := strings.TrimSpace(string(res.Stdout)); got != "from the code" {
+		t.Errorf("the next run reads %q", got)
+	}
+	cli := dockerClient(t)
+	list2 := sessionContainers(t, cli, os.Getpid())
+	if len(list2) != 1 {
+		t.Fatalf("%d session containers, want 1", len(list2))
+	}
+	if _, err := read("in/data.txt"); err != nil {
+		t.Fatal(err)
+	}
+	if ins, err := cli.ContainerInspect(ctx, list2[0].ID); err != nil || !ins.State.Paused {
+		t.Errorf("after a file operation between runs the container is %+v (%v), want paused", ins.State, err)
 	}
 }
 
