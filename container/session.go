@@ -73,7 +73,8 @@ type session struct {
 	killMu  sync.Mutex // held by killAllButInit
 
 	mu     sync.Mutex
-	active int  // runs and file operations in progress: unpaused while > 0
+	idle   *sync.Cond // signalled when active drops to zero
+	active int        // runs and file operations in progress: unpaused while > 0
 	paused bool // the engine paused the container
 	closed bool
 	broken error // set once the container cannot serve a run any more
@@ -96,6 +97,7 @@ func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (eng
 		return nil, err
 	}
 	s := &session{b: b, release: release, initFd: -1}
+	s.idle = sync.NewCond(&s.mu)
 	ok := false
 	defer func() {
 		if !ok {
@@ -209,6 +211,9 @@ func (s *session) leave() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.active--
+	if s.active == 0 {
+		s.idle.Broadcast()
+	}
 	if s.active > 0 || s.closed {
 		return
 	}
@@ -537,6 +542,13 @@ func (s *session) Close() error {
 			s.lease = nil // the container may still run as the uid
 		}
 	}
+	// The run and the file operations in progress end with the container;
+	// what they hold goes once they have.
+	s.mu.Lock()
+	for s.active > 0 {
+		s.idle.Wait()
+	}
+	s.mu.Unlock()
 	if s.lease != nil {
 		s.lease.Release()
 	}

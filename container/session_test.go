@@ -344,6 +344,42 @@ func TestSessionCloseLeavesNothing(t *testing.T) {
 	}
 }
 
+// TestSessionCloseDuringARun: Close while a run goes on ends the run and
+// removes the container.
+func TestSessionCloseDuringARun(t *testing.T) {
+	needEngine(t)
+	sb := factory(t, moat.Limits{WallTime: moat.Duration(time.Minute)})
+	defer sb.Close()
+	ss, err := sb.(moat.Sessioner).NewSession(context.Background(), moat.SessionOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		_, err := ss.Run(context.Background(), moat.Request{Stdout: pw, Code: []byte("import time\nprint('running', flush=True)\ntime.sleep(60)")})
+		pw.Close()
+		done <- err
+	}()
+	if line, err := bufio.NewReader(pr).ReadString('\n'); line != "running\n" {
+		t.Fatalf("the run did not start: %q %v", line, err)
+	}
+	go io.Copy(io.Discard, pr)
+	t0 := time.Now()
+	if err := ss.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the run did not end within 30s of Close")
+	}
+	t.Logf("the run ended %v after Close began", time.Since(t0))
+	if left := sessionContainers(t, dockerClient(t), os.Getpid()); len(left) != 0 {
+		t.Errorf("after Close, session containers remain: %v", left)
+	}
+}
+
 // TestSessionOutlivesItsSandbox: a session belongs to its caller; closing
 // the sandbox that made it neither closes it nor breaks it.
 func TestSessionOutlivesItsSandbox(t *testing.T) {
