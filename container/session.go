@@ -75,7 +75,7 @@ type session struct {
 	mu     sync.Mutex
 	idle   *sync.Cond // signalled when active drops to zero
 	active int        // runs and file operations in progress: unpaused while > 0
-	paused bool // the engine paused the container
+	paused bool       // the engine paused the container
 	closed bool
 	broken error // set once the container cannot serve a run any more
 	run    *sessionRun
