@@ -92,7 +92,6 @@ import (
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
-	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/client"
 
 	"github.com/moatsandbox/moat"
@@ -442,7 +441,7 @@ func (b *backend) mountPaths() []string {
 func (b *backend) remove(id string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), removeTimeout)
 	defer cancel()
-	err := b.cli.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true})
+	err := removeContainer(ctx, b.cli, id)
 	if err != nil && !cerrdefs.IsNotFound(err) {
 		b.log.Warn("container: remove", "id", shortID(id), "err", err)
 		return false

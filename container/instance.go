@@ -119,7 +119,7 @@ func (b *backend) freeUID(ctx context.Context) (*uidpool.Lease, error) {
 		}
 		clean := true
 		for _, c := range list {
-			err := b.cli.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})
+			err := removeContainer(ctx, b.cli, c.ID)
 			if err != nil && !cerrdefs.IsNotFound(err) {
 				b.log.Warn("container: remove an orphan holding a uid", "id", shortID(c.ID), "uid", lease.UID, "err", err)
 				clean = false

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -37,7 +38,7 @@ func reap(ctx context.Context, cli client.APIClient, log *slog.Logger) ([]string
 		if !ownerGone(c.Labels, boot, c.State) {
 			continue
 		}
-		err := cli.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})
+		err := removeContainer(ctx, cli, c.ID)
 		if err != nil && !cerrdefs.IsNotFound(err) {
 			log.Warn("container: remove a leftover container", "id", shortID(c.ID), "err", err)
 			continue
@@ -61,6 +62,37 @@ func ownerGone(labels map[string]string, boot, state string) bool {
 		return true // no such process
 	}
 	return strconv.FormatUint(start, 10) != labels[LabelOwnerStart]
+}
+
+// removeContainer removes container id, killing it first if it runs. A
+// session's live interpreter may have been left frozen in its own freezer
+// cgroup (a moat killed during a file operation): the engine's kill cannot
+// end a frozen process, so that cgroup is thawed first.
+func removeContainer(ctx context.Context, cli client.APIClient, id string) error {
+	thawInterp(id)
+	return cli.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true})
+}
+
+// thawInterp thaws the interpreter's freezer cgroup of container id, if it
+// has one, where Docker's cgroupfs or systemd driver puts the container's.
+func thawInterp(id string) {
+	m, err := cgroupMounts()
+	if err != nil {
+		return
+	}
+	for _, root := range []string{m["freezer"], m[""]} {
+		if root == "" {
+			continue
+		}
+		for _, dir := range []string{filepath.Join(root, "docker", id), filepath.Join(root, "system.slice", "docker-"+id+".scope")} {
+			dir = filepath.Join(dir, interpFreezer)
+			if _, err := os.Stat(dir); err != nil {
+				continue
+			}
+			c := cgroupFiles{freezer: dir, v2: root == m[""]}
+			c.setFrozenAs(false, true)
+		}
+	}
 }
 
 // procStart returns the start time of process pid, in clock ticks since

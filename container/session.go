@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -71,24 +72,28 @@ type session struct {
 	mounts  []*os.File // the tmpfs roots, opened through /proc/PID/root
 	files   moat.Files
 	killMu  sync.Mutex // held by killAllButInit
+	// interpOn: the session keeps a live interpreter (interp, nil until
+	// the first run and after one ended it; ended says why it last ended,
+	// for the next run's notes). Only runs touch them, one at a time;
+	// interpFrozen reads interp under mu.
+	interpOn bool
+	interp   *interp
+	ended    string
 
-	mu     sync.Mutex
-	idle   *sync.Cond // signalled when active drops to zero
-	active int        // runs and file operations in progress: unpaused while > 0
-	paused bool       // the engine paused the container
-	closed bool
-	broken error // set once the container cannot serve a run any more
-	run    *sessionRun
+	mu      sync.Mutex
+	idle    *sync.Cond // signalled when active drops to zero
+	active  int        // runs and file operations in progress: unpaused while > 0
+	paused  bool       // the engine paused the container
+	running bool       // a run is in
+	closed  bool
+	broken  error // set once the container cannot serve a run any more
+	run     *sessionRun
 }
 
 var _ engine.SessionInstance = (*session)(nil)
 
 // NewSession makes a session's container; see engine.SessionBackend.
 func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (engine.SessionInstance, error) {
-	if opts.Interpreter {
-		return nil, unavailable("the container level keeps no live interpreter between runs yet: each run of its sessions is a fresh python3 in the session's container",
-			"use a session without Interpreter, or the subprocess level", nil)
-	}
 	if !b.watched {
 		return nil, unavailable("container sessions need moat to be root: each run is watched and killed, and the container frozen, from the host", "run moat as root", nil)
 	}
@@ -96,7 +101,7 @@ func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (eng
 	if err != nil {
 		return nil, err
 	}
-	s := &session{b: b, release: release, initFd: -1}
+	s := &session{b: b, release: release, initFd: -1, interpOn: opts.Interpreter}
 	s.idle = sync.NewCond(&s.mu)
 	ok := false
 	defer func() {
@@ -176,9 +181,10 @@ func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (eng
 // errSessionClosed is what a session's operations return after Close.
 var errSessionClosed = fmt.Errorf("container: session: %w", moat.ErrClosed)
 
-// enter counts a run or a file operation in, unpausing the container for
-// the first one.
-func (s *session) enter(ctx context.Context) error {
+// enter counts a run (run) or a file operation in, unpausing the container
+// for the first one. While only file operations are in, the live
+// interpreter, if any, stays frozen in a cgroup of its own (see interp).
+func (s *session) enter(ctx context.Context, run bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
@@ -192,6 +198,13 @@ func (s *session) enter(ctx context.Context) error {
 		return s.broken
 	}
 	if s.active == 0 && s.paused {
+		if !run {
+			// Frozen first, while the container is paused: the interpreter
+			// does not run for a moment between runs.
+			if err := s.interpFrozen(true); err != nil {
+				return err
+			}
+		}
 		if err := s.b.cli.ContainerUnpause(ctx, s.id); err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -201,20 +214,39 @@ func (s *session) enter(ctx context.Context) error {
 		}
 		s.paused = false
 	}
+	if run {
+		if err := s.interpFrozen(false); err != nil {
+			// Nothing of the broken session may run unwatched.
+			s.killAllButInit()
+			return err
+		}
+		s.running = true
+	}
 	s.active++
 	return nil
 }
 
-// leave counts a run or a file operation out, pausing the container after
-// the last one. A container that cannot be paused serves no further run.
-func (s *session) leave() {
+// leave counts a run (run) or a file operation out, pausing the container
+// after the last one. A container that cannot be paused serves no further
+// run.
+func (s *session) leave(run bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.active--
+	if run {
+		s.running = false
+	}
 	if s.active == 0 {
 		s.idle.Broadcast()
 	}
-	if s.active > 0 || s.closed {
+	if s.closed {
+		return
+	}
+	if s.active > 0 {
+		if run {
+			// File operations go on: the interpreter stops with the run.
+			s.interpFrozen(true)
+		}
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), removeTimeout)
@@ -227,6 +259,28 @@ func (s *session) leave() {
 		return
 	}
 	s.paused = true
+	// Within the paused container, the interpreter's own cgroup is thawed
+	// again, ready for the next run.
+	s.interpFrozen(false)
+}
+
+// interpFrozen freezes or thaws the live interpreter's own cgroup, if there
+// is one; within a paused container a thaw only clears its own state. The
+// caller holds s.mu. A failure breaks the session: the
+// interpreter could run while it should not.
+func (s *session) interpFrozen(frozen bool) error {
+	in := s.interp
+	if in == nil || in.frozen == frozen {
+		return nil
+	}
+	if err := in.frz.setFrozenAs(frozen, s.paused); err != nil {
+		if s.broken == nil {
+			s.broken = unavailable("the session's interpreter could not be frozen or thawed", "close the session", err)
+		}
+		return s.broken
+	}
+	in.frozen = frozen
+	return nil
 }
 
 // initDied reports whether the session's init is gone.
@@ -241,7 +295,11 @@ func (s *session) initDied() bool {
 // be reused while it is listed), each pid of cgroup.procs but the init's
 // gets SIGKILL; then the cgroup is thawed and the dead leave it. It repeats
 // until the init is alone, and fails if it cannot get there.
-func (s *session) killAllButInit() error {
+func (s *session) killAllButInit() error { return s.killAllBut(0) }
+
+// killAllBut is killAllButInit sparing also process keep (the live
+// interpreter), if not 0.
+func (s *session) killAllBut(keep int) error {
 	// One at a time: a thaw of one would undo the freeze of another.
 	s.killMu.Lock()
 	defer s.killMu.Unlock()
@@ -254,7 +312,7 @@ func (s *session) killAllButInit() error {
 		pids, err := s.cg.pids()
 		n := 0
 		for _, pid := range pids {
-			if pid != s.initPid {
+			if pid != s.initPid && pid != keep {
 				unix.Kill(pid, unix.SIGKILL)
 				n++
 			}
@@ -274,7 +332,8 @@ func (s *session) killAllButInit() error {
 			if err != nil {
 				return err
 			}
-			if len(pids) == 1 && pids[0] == s.initPid || time.Now().After(deadline) {
+			left := slices.DeleteFunc(pids, func(pid int) bool { return pid == s.initPid || pid == keep })
+			if len(left) == 0 || time.Now().After(deadline) {
 				break
 			}
 			time.Sleep(wait)
@@ -288,7 +347,7 @@ func (s *session) killAllButInit() error {
 // Start starts one run of the session: an exec of Python in its container,
 // fed the code once moat holds its process; see engine.SessionInstance.
 func (s *session) Start(ctx context.Context, code []byte, stdout, stderr io.Writer) (engine.Process, error) {
-	if err := s.enter(ctx); err != nil {
+	if err := s.enter(ctx, true); err != nil {
 		return nil, err
 	}
 	r := &sessionRun{s: s, pidfd: -1, began: time.Now(), done: make(chan struct{})}
@@ -296,11 +355,13 @@ func (s *session) Start(ctx context.Context, code []byte, stdout, stderr io.Writ
 	defer func() {
 		if !ok {
 			r.close()
-			if r.hj.Conn != nil {
-				// The exec may be running, waiting for its code.
-				s.killAllButInit()
+			// An exec may be running, waiting for its code; a new driver
+			// too.
+			s.killAllButInit()
+			if r.in != nil {
+				s.endInterp(r.in, "")
 			}
-			s.leave()
+			s.leave(true)
 		}
 	}()
 	var err error
@@ -317,27 +378,30 @@ func (s *session) Start(ctx context.Context, code []byte, stdout, stderr io.Writ
 	if r.cpuBase >= s.b.sessionCPU {
 		return nil, fmt.Errorf("container: session: its CPU budget of %v (session_cpu_time) is used up: %w", s.b.sessionCPU, moat.ErrSpent)
 	}
-	b := s.b
-	if r.execID, r.hj, err = s.startExec(ctx, b.spec.runCmd(), true); err != nil {
-		return nil, err
+	if s.interpOn {
+		err = s.startInterpRun(ctx, r, code, stdout, stderr)
+	} else {
+		err = s.startExecRun(ctx, r, code, stdout, stderr)
 	}
-	pid, err := s.execPid(ctx, r.execID)
 	if err != nil {
 		return nil, err
 	}
-	if r.pidfd, err = unix.PidfdOpen(pid, 0); err != nil {
-		return nil, fmt.Errorf("container: pidfd of the run's process: %w", err)
+	go r.meter()
+	s.mu.Lock()
+	s.run = r
+	s.mu.Unlock()
+	ok = true
+	return r, nil
+}
+
+// startExecRun starts a run as an exec of its own Python.
+func (s *session) startExecRun(ctx context.Context, r *sessionRun, code []byte, stdout, stderr io.Writer) error {
+	var err error
+	if r.execID, r.hj, err = s.startExec(ctx, s.b.spec.runCmd(), true); err != nil {
+		return err
 	}
-	// The pidfd is open: pid cannot be reused from here on. Make sure it is
-	// the container's, as the session's uid.
-	if cg, err := cgroupPaths(pid); err != nil || cg.procs != s.cg.procs {
-		return nil, fmt.Errorf("container: the run's process %d is not in the session container's cgroup (%v)", pid, err)
-	}
-	if err := b.checkSeccomp(pid); err != nil {
-		return nil, err
-	}
-	if st, err := procStatus(pid); err != nil || !strings.HasPrefix(st["Uid"], fmt.Sprintf("%d\t", s.uid)) {
-		return nil, fmt.Errorf("container: the run's process %d is not of the session's uid %d (%v)", pid, s.uid, err)
+	if r.pidfd, _, err = s.holdExec(ctx, r.execID); err != nil {
+		return err
 	}
 	r.outDone = make(chan error, 1)
 	hj := r.hj
@@ -349,12 +413,36 @@ func (s *session) Start(ctx context.Context, code []byte, stdout, stderr io.Writ
 		_, err := stdcopy.StdCopy(stdout, stderr, hj.Reader)
 		r.outDone <- err
 	}()
-	go r.meter()
-	s.mu.Lock()
-	s.run = r
-	s.mu.Unlock()
-	ok = true
-	return r, nil
+	return nil
+}
+
+// holdExec waits for the process of an exec that waits for its code on
+// stdin, opens a pidfd of it (so that its pid cannot be reused) and checks
+// that it is the container's, runs as the session's uid and under moat's
+// seccomp filter.
+func (s *session) holdExec(ctx context.Context, execID string) (pidfd, pid int, err error) {
+	pid, err = s.execPid(ctx, execID)
+	if err != nil {
+		return -1, 0, err
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return -1, 0, fmt.Errorf("container: pidfd of the run's process: %w", err)
+	}
+	fail := func(err error) (int, int, error) {
+		unix.Close(fd)
+		return -1, 0, err
+	}
+	if cg, err := cgroupPaths(pid); err != nil || cg.procs != s.cg.procs {
+		return fail(fmt.Errorf("container: the run's process %d is not in the session container's cgroup (%v)", pid, err))
+	}
+	if err := s.b.checkSeccomp(pid); err != nil {
+		return fail(err)
+	}
+	if st, err := procStatus(pid); err != nil || !strings.HasPrefix(st["Uid"], fmt.Sprintf("%d\t", s.uid)) {
+		return fail(fmt.Errorf("container: the run's process %d is not of the session's uid %d (%v)", pid, s.uid, err))
+	}
+	return fd, pid, nil
 }
 
 // startExec creates and starts an exec of argv in the session's container
@@ -433,10 +521,10 @@ func (s *session) exec(ctx context.Context, argv []string, stdin io.Reader, stdo
 	if len(argv) == 0 {
 		return fmt.Errorf("container: session exec: no command: %w", moat.ErrInvalid)
 	}
-	if err := s.enter(ctx); err != nil {
+	if err := s.enter(ctx, false); err != nil {
 		return err
 	}
-	defer s.leave()
+	defer s.leave(false)
 	execID, hj, err := s.startExec(ctx, argv, true)
 	if err != nil {
 		return err
@@ -548,7 +636,12 @@ func (s *session) Close() error {
 	for s.active > 0 {
 		s.idle.Wait()
 	}
+	in := s.interp
+	s.interp = nil
 	s.mu.Unlock()
+	if in != nil {
+		in.close()
+	}
 	if s.lease != nil {
 		s.lease.Release()
 	}
@@ -577,6 +670,10 @@ type sessionRun struct {
 	pidsBase    int64
 	oomBase     int64
 	fullAtStart bool
+
+	in      *interp   // the live interpreter the run is in, if any
+	end     chan bool // the interpreter's end markers of the run: true once both are read
+	restart string    // why the previous interpreter ended, when this run starts the next
 
 	cpuHit atomic.Bool // the run's CPU time reached the limit
 	spent  atomic.Bool // the session's CPU budget is used up
@@ -637,30 +734,27 @@ func (r *sessionRun) Kill() {
 	})
 }
 
-// Wait waits for the run's Python to end, kills whatever of the run is
-// left, waits for its output and gathers the evidence from the host side:
-// the exit code from the engine, the CPU time from the cgroup, the OOM
-// kills and refused forks counted in the cgroup since the run began, a
-// file at the size limit changed since then, a mount full; then pauses the
-// container.
+// Wait waits for the run to end, kills whatever of it is left, waits for
+// its output and gathers the evidence from the host side: the exit code
+// from the engine, the CPU time from the cgroup, the OOM kills and refused
+// forks counted in the cgroup since the run began, a file at the size limit
+// changed since then, a mount full; then pauses the container.
 func (r *sessionRun) Wait() (engine.Evidence, error) {
-	s := r.s
-	defer s.leave()
+	defer r.s.leave(true)
 	defer r.close()
-	fds := []unix.PollFd{{Fd: int32(r.pidfd), Events: unix.POLLIN}}
-	for {
-		_, err := unix.Poll(fds, -1)
-		if err == nil || !errors.Is(err, unix.EINTR) {
-			break
-		}
+	if r.in != nil {
+		return r.waitInterp()
 	}
+	return r.waitExec()
+}
+
+// waitExec waits for a run's own Python to end.
+func (r *sessionRun) waitExec() (engine.Evidence, error) {
+	s := r.s
+	waitPidfd(r.pidfd)
 	// Nothing the run started outlives it.
 	kerr := s.killAllButInit()
-	r.mu.Lock()
-	close(r.done)
-	killed := r.killed
-	r.mu.Unlock()
-	r.killing.Wait()
+	killed := r.finish()
 	select {
 	case <-r.outDone:
 	case <-time.After(outputGrace):
@@ -674,12 +768,39 @@ func (r *sessionRun) Wait() (engine.Evidence, error) {
 	if err != nil {
 		return engine.Evidence{}, err
 	}
-	ev := engine.Evidence{
-		Exited:  !killed,
-		Status:  exitStatus(int64(code)),
-		CPUTime: r.cpuHit.Load(),
-		Spent:   r.spent.Load(),
+	ev := engine.Evidence{Exited: !killed, Status: exitStatus(int64(code))}
+	r.evidence(&ev)
+	return ev, nil
+}
+
+// waitPidfd waits until the process of pidfd has ended.
+func waitPidfd(pidfd int) {
+	fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+	for {
+		_, err := unix.Poll(fds, -1)
+		if err == nil || !errors.Is(err, unix.EINTR) {
+			return
+		}
 	}
+}
+
+// finish stops the meter and later Kills, waits for a kill in flight, and
+// reports whether the run was killed.
+func (r *sessionRun) finish() (killed bool) {
+	r.mu.Lock()
+	close(r.done)
+	killed = r.killed
+	r.mu.Unlock()
+	r.killing.Wait()
+	return killed
+}
+
+// evidence adds what the cgroup and the mounts say of the run to ev, whose
+// Exited and Status are set.
+func (r *sessionRun) evidence(ev *engine.Evidence) {
+	s := r.s
+	ev.CPUTime = r.cpuHit.Load()
+	ev.Spent = r.spent.Load()
 	if used, err := s.cg.cpuUsage(); err == nil && used >= s.b.sessionCPU {
 		ev.Spent = true
 	}
@@ -692,10 +813,9 @@ func (r *sessionRun) Wait() (engine.Evidence, error) {
 	ev.FileSize = filesAtLimit(s.mounts, int64(s.b.spec.limits.FileSize), r.began)
 	clean := ev.Exited && ev.Status.Exited() && ev.Status.ExitStatus() == 0
 	ev.Disk = mountsFull(s.mounts) && (!r.fullAtStart || !clean)
-	return ev, nil
 }
 
-// close releases what the run holds.
+// close releases what the run holds (the interpreter's are its own).
 func (r *sessionRun) close() {
 	if r.pidfd >= 0 {
 		unix.Close(r.pidfd)

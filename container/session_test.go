@@ -29,24 +29,50 @@ import (
 // TestSessionOfAKilledMoatIsReaped).
 const sessionHelperEnv = "MOAT_CONTAINER_SESSION_HELPER"
 
+// With "interp", the session keeps an interpreter, which the helper leaves
+// frozen in its own cgroup, as a moat killed during a file operation
+// between runs would.
 func init() {
-	if os.Getenv(sessionHelperEnv) != "1" {
+	mode := os.Getenv(sessionHelperEnv)
+	if mode == "" {
 		return
+	}
+	fail := func(err error) {
+		fmt.Println("error:", err)
+		os.Exit(1)
 	}
 	sb, err := moatcontainer.New(moatcontainer.Config{Warm: -1})
 	if err != nil {
-		fmt.Println("error:", err)
-		os.Exit(1)
+		fail(err)
 	}
-	ss, err := sb.NewSession(context.Background(), moat.SessionOptions{})
+	ss, err := sb.NewSession(context.Background(), moat.SessionOptions{Interpreter: mode == "interp"})
 	if err != nil {
-		fmt.Println("error:", err)
-		os.Exit(1)
+		fail(err)
 	}
 	res, err := ss.Run(context.Background(), moat.Request{Code: []byte("open('kept', 'w').write('x')\nprint('ready')")})
 	if err != nil {
-		fmt.Println("error:", err)
-		os.Exit(1)
+		fail(err)
+	}
+	if mode == "interp" {
+		cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+		if err != nil {
+			fail(err)
+		}
+		list, err := cli.ContainerList(context.Background(), container.ListOptions{All: true, Filters: filters.NewArgs(
+			filters.Arg("label", moatcontainer.LabelOwner+"="+strconv.Itoa(os.Getpid())))})
+		if err != nil || len(list) != 1 {
+			fail(fmt.Errorf("the session's container: %v %v", list, err))
+		}
+		id := list[0].ID
+		err = os.WriteFile("/sys/fs/cgroup/freezer/docker/"+id+"/moat-interp/freezer.state", []byte("FROZEN"), 0)
+		for _, d := range []string{"/sys/fs/cgroup/docker/" + id, "/sys/fs/cgroup/system.slice/docker-" + id + ".scope"} {
+			if err != nil {
+				err = os.WriteFile(d+"/moat-interp/cgroup.freeze", []byte("1"), 0)
+			}
+		}
+		if err != nil {
+			fail(err)
+		}
 	}
 	os.Stdout.Write(res.Stdout)
 	time.Sleep(time.Minute)
@@ -401,43 +427,49 @@ func TestSessionOutlivesItsSandbox(t *testing.T) {
 }
 
 // TestSessionOfAKilledMoatIsReaped: a moat killed -9 with a session open
-// leaves its container behind, paused; the next New removes it.
+// leaves its container behind, paused; the next New removes it, also when
+// the session's interpreter was left frozen in its own cgroup (which the
+// engine's kill cannot end).
 func TestSessionOfAKilledMoatIsReaped(t *testing.T) {
 	needEngine(t)
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), sessionHelperEnv+"=1")
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	}()
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if strings.TrimSpace(line) != "ready" {
-		t.Fatalf("the helper: %q, %v", line, err)
-	}
-	cli := dockerClient(t)
-	pid := cmd.Process.Pid
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	cmd.Wait()
-	left := sessionContainers(t, cli, pid)
-	if len(left) != 1 || left[0].State != "paused" {
-		t.Fatalf("after kill -9 of the helper, its session containers: %+v; want one, paused (else this test proves nothing)", left)
-	}
-	sb, err := moatcontainer.New(moatcontainer.Config{Warm: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sb.Close()
-	if left := sessionContainers(t, cli, pid); len(left) != 0 {
-		t.Errorf("after the next New, the killed moat's session container remains: %+v", left)
+	for _, mode := range []string{"plain", "interp"} {
+		t.Run(mode, func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], "-test.run=^$")
+			cmd.Env = append(os.Environ(), sessionHelperEnv+"="+mode)
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				cmd.Process.Kill()
+				cmd.Wait()
+			}()
+			line, err := bufio.NewReader(out).ReadString('\n')
+			if strings.TrimSpace(line) != "ready" {
+				t.Fatalf("the helper: %q, %v", line, err)
+			}
+			cli := dockerClient(t)
+			pid := cmd.Process.Pid
+			if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			cmd.Wait()
+			left := sessionContainers(t, cli, pid)
+			if len(left) != 1 || left[0].State != "paused" {
+				t.Fatalf("after kill -9 of the helper, its session containers: %+v; want one, paused (else this test proves nothing)", left)
+			}
+			sb, err := moatcontainer.New(moatcontainer.Config{Warm: -1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sb.Close()
+			if left := sessionContainers(t, cli, pid); len(left) != 0 {
+				t.Errorf("after the next New, the killed moat's session container remains: %+v", left)
+			}
+		})
 	}
 }
 
@@ -472,20 +504,125 @@ func TestSessionCPUBudget(t *testing.T) {
 	}
 }
 
-// TestSessionInterpreterRefused: the container level keeps no live
-// interpreter; asking for one fails closed instead of silently running
-// without it.
-func TestSessionInterpreterRefused(t *testing.T) {
+func newInterpreter(t *testing.T, sb moat.Sandbox) moat.Session {
+	t.Helper()
+	ss, err := sb.(moat.Sessioner).NewSession(context.Background(), moat.SessionOptions{Interpreter: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ss.Close() })
+	return ss
+}
+
+func hasNote(res *moat.Result, prefix string) bool {
+	return slices.ContainsFunc(res.Notes, func(n string) bool { return strings.HasPrefix(n, prefix) })
+}
+
+// TestSessionInterpreter: with Interpreter, variables survive from one run
+// to the next; an exit status, an exception and output without a final
+// newline are the run's own and keep the interpreter; a process a run
+// started is killed at its end while the interpreter lives on.
+func TestSessionInterpreter(t *testing.T) {
 	needEngine(t)
 	sb := factory(t, moat.Limits{})
 	defer sb.Close()
-	ss, err := sb.(moat.Sessioner).NewSession(context.Background(), moat.SessionOptions{Interpreter: true})
-	if err == nil {
-		ss.Close()
-		t.Fatal("NewSession with Interpreter succeeded")
+	ss := newInterpreter(t, sb)
+	run(t, ss, "import os\nx = 41\nfirst = os.getpid()")
+	res := run(t, ss, "import os\nprint(x + 1, os.getpid() == first)")
+	if got := strings.TrimSpace(string(res.Stdout)); got != "42 True" {
+		t.Fatalf("the second run printed %q (stderr %q), want the first's variables: 42 True", got, res.Stderr)
 	}
-	if !errors.Is(err, moat.ErrUnavailable) || !strings.Contains(err.Error(), "interpreter") {
-		t.Errorf("NewSession with Interpreter: %v, want ErrUnavailable that names the interpreter", err)
+	res = run(t, ss, "import sys\nsys.stdout.write('no newline')\nsys.stderr.write('err')\nsys.exit(3)")
+	if string(res.Stdout) != "no newline" || string(res.Stderr) != "err" || res.ExitCode != 3 || len(res.Notes) != 0 {
+		t.Errorf("sys.exit(3): %q %q exit %d notes %v", res.Stdout, res.Stderr, res.ExitCode, res.Notes)
+	}
+	res = run(t, ss, "raise ValueError('boom')")
+	if res.ExitCode != 1 || !strings.Contains(string(res.Stderr), "ValueError: boom") {
+		t.Errorf("an exception: exit %d stderr %q", res.ExitCode, res.Stderr)
+	}
+	res = run(t, ss, "import subprocess\np = subprocess.Popen(['sleep', '100'])\nprint(p.pid)")
+	// The killed child stays a zombie until the interpreter reaps it.
+	res = run(t, ss, `import os
+def live(p):
+    try:
+        return open('/proc/%s/stat' % p).read().rsplit(')', 1)[1].split()[0] != 'Z'
+    except OSError:
+        return False
+print(x, sorted(int(p) for p in os.listdir('/proc') if p.isdigit() and live(p)) == sorted([1, os.getpid()]))`)
+	if got := strings.TrimSpace(string(res.Stdout)); got != "41 True" {
+		t.Errorf("after a run that left a child: %q (stderr %q), want the variables kept and no live process but the init and the interpreter", got, res.Stderr)
+	}
+}
+
+// TestSessionInterpreterRestarts: a run that times out, or ends the
+// interpreter itself, ends the interpreter and says so; the next run gets
+// a fresh one, says so, and finds the files but not the variables.
+func TestSessionInterpreterRestarts(t *testing.T) {
+	needEngine(t)
+	sb := factory(t, moat.Limits{WallTime: moat.Duration(2 * time.Second)})
+	defer sb.Close()
+	ss := newInterpreter(t, sb)
+	for _, c := range []struct{ name, code string }{
+		{"wall time", "import time\ntime.sleep(60)"},
+		{"os._exit", "import os\nos._exit(5)"},
+		{"cpu", "while True: pass"},
+	} {
+		run(t, ss, "x = 1\nopen('kept', 'w').write('k')")
+		res := run(t, ss, c.code)
+		if !hasNote(res, "interpreter ended by") {
+			t.Errorf("%s: the run that ended the interpreter says %v", c.name, res.Notes)
+		}
+		if c.name == "os._exit" && res.ExitCode != 5 {
+			t.Errorf("os._exit(5): exit %d", res.ExitCode)
+		}
+		res = run(t, ss, "print(open('kept').read())\nprint(x)")
+		if !hasNote(res, "interpreter restarted") || !strings.Contains(string(res.Stderr), "NameError") || strings.TrimSpace(string(res.Stdout)) != "k" {
+			t.Errorf("%s: the next run: %q %q notes %v; want the file, a NameError and the restart noted", c.name, res.Stdout, res.Stderr, res.Notes)
+		}
+	}
+}
+
+// TestSessionInterpreterFrozenBetweenRuns: a thread a run leaves in the
+// interpreter does not run between runs, not even while a file operation
+// has the container unpaused.
+func TestSessionInterpreterFrozenBetweenRuns(t *testing.T) {
+	needEngine(t)
+	sb := factory(t, moat.Limits{})
+	defer sb.Close()
+	ss := newInterpreter(t, sb)
+	run(t, ss, `import threading, time
+def tick():
+    n = 0
+    while True:
+        n += 1
+        with open('ticks', 'w') as f:
+            f.write(str(n))
+        time.sleep(0.005)
+threading.Thread(target=tick, daemon=True).start()
+time.sleep(0.2)`)
+	ctx := context.Background()
+	read := func() string {
+		rc, err := ss.ReadFile(ctx, "ticks")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rc.Close()
+		b, _ := io.ReadAll(rc)
+		return string(b)
+	}
+	first := read()
+	for range 5 {
+		if err := ss.WriteFile(ctx, "other", strings.NewReader("x")); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if again := read(); again != first {
+		t.Errorf("the thread ticked between runs: %s then %s", first, again)
+	}
+	res := run(t, ss, "import time\ntime.sleep(0.2)\nprint(open('ticks').read())")
+	if n, _ := strconv.Atoi(strings.TrimSpace(string(res.Stdout))); n <= 0 || strconv.Itoa(n) == first {
+		t.Errorf("inconclusive: the thread did not tick during the next run (%q, first %s)", res.Stdout, first)
 	}
 }
 

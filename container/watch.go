@@ -384,7 +384,12 @@ const freezeTimeout = 2 * time.Second
 // setFrozen freezes or thaws every process of the cgroup and returns once
 // the kernel reports it done. A frozen process does not run, whatever it
 // arranged: a SIGCONT does not wake it.
-func (c cgroupFiles) setFrozen(frozen bool) error {
+func (c cgroupFiles) setFrozen(frozen bool) error { return c.setFrozenAs(frozen, false) }
+
+// setFrozenAs is setFrozen; with self, a thaw waits only for the cgroup's
+// own state, not its effective one, which stays frozen while a parent is
+// (as within a paused container).
+func (c cgroupFiles) setFrozenAs(frozen, self bool) error {
 	if c.freezer == "" {
 		return errors.New("container: the container's cgroup has no freezer")
 	}
@@ -405,7 +410,20 @@ func (c cgroupFiles) setFrozen(frozen bool) error {
 	pause := 20 * time.Microsecond
 	for {
 		var done bool
-		if c.v2 {
+		if self && !frozen {
+			// The own state: v1 freezer.self_freezing, v2 cgroup.freeze.
+			f := "freezer.self_freezing"
+			if c.v2 {
+				f = "cgroup.freeze"
+			}
+			b, err := os.ReadFile(filepath.Join(c.freezer, f))
+			if err != nil {
+				return fmt.Errorf("container: freezer: %w", err)
+			}
+			if strings.TrimSpace(string(b)) == "0" {
+				return nil
+			}
+		} else if c.v2 {
 			n, err := counter(filepath.Join(c.freezer, "cgroup.events"), "frozen")
 			if err != nil {
 				return fmt.Errorf("container: freezer: %w", err)
