@@ -344,10 +344,11 @@ func (r *router) set(w io.Writer, cur, prev []byte, ended func()) {
 	defer r.mu.Unlock()
 	r.w, r.cur, r.prev, r.ended = w, cur, prev, ended
 	r.state, r.code = passing, 0
-	if b := r.limbo.Bytes(); len(b) > 0 {
-		w.Write(b)
-	}
+	// What came between runs goes to this run, read for its markers as
+	// if it came now.
+	b := bytes.Clone(r.limbo.Bytes())
 	r.limbo = limitedBuffer{max: maxBetween}
+	r.write(b)
 }
 
 func (r *router) emit(b []byte) {
@@ -367,6 +368,12 @@ func (r *router) emit(b []byte) {
 func (r *router) Write(p []byte) (int, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.write(p)
+	return len(p), nil
+}
+
+// write is Write, with r.mu held.
+func (r *router) write(p []byte) {
 	buf := append(r.held, p...)
 	r.held = nil
 	for len(buf) > 0 {
@@ -381,7 +388,7 @@ func (r *router) Write(p []byte) (int, error) {
 				r.digits = append(r.digits, take...)
 			}
 			if i < 0 {
-				return len(p), nil
+				return
 			}
 			buf = buf[i+1:]
 			if r.state == skipStatus {
@@ -395,19 +402,19 @@ func (r *router) Write(p []byte) (int, error) {
 			r.finish()
 		case between:
 			r.emit(buf)
-			return len(p), nil
+			return
 		default:
 			i := bytes.Index(buf, markPrefix)
 			if i < 0 {
 				k := partialPrefix(buf, markPrefix)
 				r.emit(buf[:len(buf)-k])
 				r.held = bytes.Clone(buf[len(buf)-k:])
-				return len(p), nil
+				return
 			}
 			if len(buf)-i < len(markPrefix)+nonceLen {
 				r.emit(buf[:i])
 				r.held = bytes.Clone(buf[i:])
-				return len(p), nil
+				return
 			}
 			m := buf[i : i+len(markPrefix)+nonceLen]
 			switch {
@@ -433,7 +440,7 @@ func (r *router) Write(p []byte) (int, error) {
 			}
 		}
 	}
-	return len(p), nil
+	return
 }
 
 // exitCode is the status the driver wrote after the current run's marker.
