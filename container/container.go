@@ -70,6 +70,22 @@
 // disk, from the run's tmpfs mounts, which moat holds open while the run ends
 // (see watch).
 //
+// A Sandbox is also a moat.Sessioner (as root: sessions are watched,
+// killed and frozen from the host). A session is one long-lived container
+// with the same hardening and a uid of its own, whose init only reaps; each
+// run is an exec of Python in it, checked from the host as a one-shot
+// run's init is before its code goes in; at each run's end every process
+// but the init is killed from the host, and between runs the container is
+// paused (the cgroup freezer). The session as a whole has the level's
+// memory, pids and disk limits; each run has the CPU time limit, counted
+// from the container's cgroup since it began; the whole session has
+// Config.SessionCPUTime. The files are handled inside the container by
+// internal/sessionfiles, through execs of the session's uid. With
+// SessionOptions.Interpreter, a live Python driver in the container keeps
+// the variables between runs (see interpreter.go). The session's
+// container carries the labels of every container (and moat.session=1),
+// so the reaper removes it once its owner is gone.
+//
 // The image is the root filesystem that package image builds, imported
 // into the engine by ImportImage (which `moat image build` calls) under
 // image.Config.Tag and labelled with its key (ImageLabel); InspectImage
