@@ -33,7 +33,7 @@ const SessionDescription = "Run a Python 3 program in this conversation's sandbo
 	"but every call runs in the same working directory, so files persist: what one call writes (with relative " +
 	"paths such as open('data.csv', 'w')) the next call can read, and write_file, read_file and list_files work " +
 	"on the same files. Nothing is kept after the session ends. There is no network, and the operator sets limits " +
-	"on time, memory, processes and disk for each call, and on the CPU time of the whole session. " +
+	"on time, memory, processes and disk for each call, and may limit the session as a whole (its CPU time, its disk). " +
 	"Print what you want to see; long output is cut."
 
 // InterpreterDescription is run_python's description when its calls run in
@@ -47,7 +47,7 @@ const InterpreterDescription = "Run Python 3 code in this conversation's live sa
 	"fresh one, with the files still there but the variables gone, and the results say so in a note. The value of " +
 	"the last expression is not shown: print what you want to see; long output is cut. Nothing is kept after the " +
 	"session ends. There is no network, and the operator sets limits on time, memory, processes and disk for each " +
-	"call, and on the CPU time of the whole session."
+	"call, and may limit the session as a whole (its CPU time, its disk)."
 
 // Descriptions of the file tools.
 const (
