@@ -474,6 +474,15 @@ func TestSessionsInterpreterSubprocess(t *testing.T) {
 	if text := mustCall(t, cs, tool.Name, map[string]any{"code": "print(x + 1, open('f').read())"}); !strings.Contains(text, "stdout:\n42 kept\n") {
 		t.Errorf("the variable or the file did not persist: %q", text)
 	}
+	// A timeout ends the interpreter, and both results say so, as
+	// run_python's description promises.
+	if text := mustCall(t, cs, tool.Name, map[string]any{"code": "while True:\n    pass"}); !strings.Contains(text, "reason: timeout") || !strings.Contains(text, "note: interpreter ended by") {
+		t.Errorf("the timeout's result: %q", text)
+	}
+	text := mustCall(t, cs, tool.Name, map[string]any{"code": "print(open('f').read())\nprint(x)"})
+	if !strings.Contains(text, "note: interpreter restarted") || !strings.Contains(text, "stdout:\nkept\n") || !strings.Contains(text, "NameError") {
+		t.Errorf("the run after the timeout: %q, want a note, the file kept and the variable gone", text)
+	}
 }
 
 // Run returns after the client hangs up, and by then the moat session is
