@@ -30,9 +30,10 @@ const (
 // The writable places of a run and their share of Limits.Disk: the
 // working directory, /tmp and /dev/shm are separate tmpfs mounts whose sizes
 // add up to the disk limit, so that the limit covers every writable place.
+// The working directory, where a session's files live, gets most of it.
 const (
-	tmpShare = 4  // /tmp gets Disk/4
-	shmShare = 16 // /dev/shm gets Disk/16; the working directory the rest
+	tmpShare = 16 // /tmp gets Disk/16
+	shmShare = 32 // /dev/shm gets Disk/32; the working directory the rest
 	// inodeBytes is the disk space each inode of a tmpfs stands for: a
 	// mount of N bytes holds at most N/inodeBytes files.
 	inodeBytes = 8 << 10
