@@ -440,7 +440,6 @@ func (r *router) write(p []byte) {
 			}
 		}
 	}
-	return
 }
 
 // exitCode is the status the driver wrote after the current run's marker.

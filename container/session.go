@@ -87,7 +87,6 @@ type session struct {
 	running bool       // a run is in
 	closed  bool
 	broken  error // set once the container cannot serve a run any more
-	run     *sessionRun
 }
 
 var _ engine.SessionInstance = (*session)(nil)
@@ -387,9 +386,6 @@ func (s *session) Start(ctx context.Context, code []byte, stdout, stderr io.Writ
 		return nil, err
 	}
 	go r.meter()
-	s.mu.Lock()
-	s.run = r
-	s.mu.Unlock()
 	ok = true
 	return r, nil
 }
@@ -824,12 +820,6 @@ func (r *sessionRun) close() {
 	if r.hj.Conn != nil {
 		r.hj.Close()
 	}
-	s := r.s
-	s.mu.Lock()
-	if s.run == r {
-		s.run = nil
-	}
-	s.mu.Unlock()
 }
 
 // The file operations; see moat.Files.
