@@ -76,7 +76,7 @@
 // run is an exec of Python in it, checked from the host as a one-shot
 // run's init is before its code goes in; at each run's end every process
 // but the init is killed from the host, and between runs the container is
-// paused (the cgroup freezer). The session as a whole has the level's
+// paused (its cgroup frozen). The session as a whole has the level's
 // memory, pids and disk limits; each run has the CPU time limit, counted
 // from the container's cgroup since it began; the whole session has
 // Config.SessionCPUTime. The files are handled inside the container by

@@ -65,17 +65,19 @@ func ownerGone(labels map[string]string, boot, state string) bool {
 }
 
 // removeContainer removes container id, killing it first if it runs. A
-// session's live interpreter may have been left frozen in its own freezer
-// cgroup (a moat killed during a file operation): the engine's kill cannot
-// end a frozen process, so that cgroup is thawed first.
+// session's container is frozen between runs, and its live interpreter may
+// have been left frozen in a freezer cgroup of its own (by a moat killed
+// during a file operation); the engine's kill cannot end a process frozen
+// in a cgroup it does not know, so the freezers are thawed first.
 func removeContainer(ctx context.Context, cli client.APIClient, id string) error {
-	thawInterp(id)
+	thawFreezers(id)
 	return cli.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true})
 }
 
-// thawInterp thaws the interpreter's freezer cgroup of container id, if it
-// has one, where Docker's cgroupfs or systemd driver puts the container's.
-func thawInterp(id string) {
+// thawFreezers thaws the interpreter's freezer cgroup of container id, if
+// it has one, then the container's own, where Docker's cgroupfs or systemd
+// driver puts it.
+func thawFreezers(id string) {
 	m, err := cgroupMounts()
 	if err != nil {
 		return
@@ -85,12 +87,14 @@ func thawInterp(id string) {
 			continue
 		}
 		for _, dir := range []string{filepath.Join(root, "docker", id), filepath.Join(root, "system.slice", "docker-"+id+".scope")} {
-			dir = filepath.Join(dir, interpFreezer)
 			if _, err := os.Stat(dir); err != nil {
 				continue
 			}
-			c := cgroupFiles{freezer: dir, v2: root == m[""]}
-			c.setFrozenAs(false, true)
+			v2 := root == m[""]
+			if _, err := os.Stat(filepath.Join(dir, interpFreezer)); err == nil {
+				cgroupFiles{freezer: filepath.Join(dir, interpFreezer), v2: v2}.setFrozenAs(false, true)
+			}
+			cgroupFiles{freezer: dir, v2: v2}.setFrozenAs(false, true)
 		}
 	}
 }

@@ -50,9 +50,17 @@ import (
 //     the host, every process of the container but its init (the cgroup
 //     frozen meanwhile, so that nothing forks past the kill), so that
 //     nothing a run started survives it.
-//   - Between runs the container is paused (Docker's ContainerPause, the
-//     cgroup freezer): nothing of it runs. A file operation unpauses it for
-//     its exec and pauses it again.
+//   - Between runs the container is paused: its cgroup is frozen (the
+//     freezer, what Docker's ContainerPause uses), so nothing of it runs. A
+//     file operation thaws it for its exec and freezes it again. moat
+//     writes the freezer itself rather than asking Docker: Docker 20.10
+//     also sets its paused flag from containerd's asynchronous events, so
+//     a pause soon followed by an unpause can leave it believing the
+//     container paused and refusing execs (seen here under load); and a
+//     write takes microseconds where a pause through the engine takes tens
+//     of milliseconds. The engine still removes a container frozen so (its
+//     runtime thaws a cgroup to kill it), and removals thaw it first
+//     anyway (see removeContainer).
 //   - The file operations run inside the container, as execs of the
 //     session's uid (see exec) of internal/sessionfiles' program, which
 //     never follows a link the code planted.
@@ -83,7 +91,7 @@ type session struct {
 	mu      sync.Mutex
 	idle    *sync.Cond // signalled when active drops to zero
 	active  int        // runs and file operations in progress: unpaused while > 0
-	paused  bool       // the engine paused the container
+	paused  bool       // the container's cgroup is frozen
 	running bool       // a run is in
 	closed  bool
 	broken  error // set once the container cannot serve a run any more
@@ -169,8 +177,8 @@ func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (eng
 	}
 	s.files = sessionfiles.New(s.exec, sessionfiles.Options{Python: b.spec.python, Dir: image.WorkDir, FileSize: b.spec.limits.FileSize})
 	// Nothing runs until the first run or file operation.
-	if err := b.cli.ContainerPause(cctx, s.id); err != nil {
-		return nil, fmt.Errorf("container: pause the session's container: %w", err)
+	if err := s.cg.setFrozen(true); err != nil {
+		return nil, fmt.Errorf("container: freeze the session's container: %w", err)
 	}
 	s.paused = true
 	ok = true
@@ -204,11 +212,8 @@ func (s *session) enter(ctx context.Context, run bool) error {
 				return err
 			}
 		}
-		if err := s.b.cli.ContainerUnpause(ctx, s.id); err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			s.broken = fmt.Errorf("container: unpause the session's container: %w", err)
+		if err := s.cg.setFrozen(false); err != nil {
+			s.broken = fmt.Errorf("container: thaw the session's container: %w", err)
 			return s.broken
 		}
 		s.paused = false
@@ -248,12 +253,10 @@ func (s *session) leave(run bool) {
 		}
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), removeTimeout)
-	defer cancel()
-	if err := s.b.cli.ContainerPause(ctx, s.id); err != nil {
-		s.b.log.Warn("container: pause a session's container", "id", shortID(s.id), "err", err)
+	if err := s.cg.setFrozen(true); err != nil {
+		s.b.log.Warn("container: freeze a session's container", "id", shortID(s.id), "err", err)
 		if s.broken == nil {
-			s.broken = unavailable("the session's container could not be paused between runs", "close the session", err)
+			s.broken = unavailable("the session's container could not be frozen between runs", "close the session", err)
 		}
 		return
 	}
@@ -512,7 +515,7 @@ func (s *session) execExit(execID string) (int, error) {
 // its standard output written to stdout; it returns once the command ended
 // and its output is written, with an error when it failed (its exit code
 // and the start of its standard error). It is what the file operations run
-// through. It unpauses the container for the command; ctx's end kills it.
+// through. It thaws the container for the command; ctx's end kills it.
 func (s *session) exec(ctx context.Context, argv []string, stdin io.Reader, stdout io.Writer) error {
 	if len(argv) == 0 {
 		return fmt.Errorf("container: session exec: no command: %w", moat.ErrInvalid)
@@ -734,7 +737,7 @@ func (r *sessionRun) Kill() {
 // its output and gathers the evidence from the host side: the exit code
 // from the engine, the CPU time from the cgroup, the OOM kills and refused
 // forks counted in the cgroup since the run began, a file at the size limit
-// changed since then, a mount full; then pauses the container.
+// changed since then, a mount full; then freezes the container.
 func (r *sessionRun) Wait() (engine.Evidence, error) {
 	defer r.s.leave(true)
 	defer r.close()

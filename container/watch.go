@@ -403,12 +403,18 @@ func (c cgroupFiles) setFrozenAs(frozen, self bool) error {
 			value = "1"
 		}
 	}
-	if err := os.WriteFile(filepath.Join(c.freezer, file), []byte(value), 0); err != nil {
-		return fmt.Errorf("container: freezer: %w", err)
+	write := func(v string) error {
+		if err := os.WriteFile(filepath.Join(c.freezer, file), []byte(v), 0); err != nil {
+			return fmt.Errorf("container: freezer: %w", err)
+		}
+		return nil
+	}
+	if err := write(value); err != nil {
+		return err
 	}
 	deadline := time.Now().Add(freezeTimeout)
 	pause := 20 * time.Microsecond
-	for {
+	for try := 1; ; try++ {
 		var done bool
 		if self && !frozen {
 			// The own state: v1 freezer.self_freezing, v2 cgroup.freeze.
@@ -420,9 +426,7 @@ func (c cgroupFiles) setFrozenAs(frozen, self bool) error {
 			if err != nil {
 				return fmt.Errorf("container: freezer: %w", err)
 			}
-			if strings.TrimSpace(string(b)) == "0" {
-				return nil
-			}
+			done = strings.TrimSpace(string(b)) == "0"
 		} else if c.v2 {
 			n, err := counter(filepath.Join(c.freezer, "cgroup.events"), "frozen")
 			if err != nil {
@@ -440,10 +444,27 @@ func (c cgroupFiles) setFrozenAs(frozen, self bool) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
+			if frozen {
+				// Not left freezing: a cgroup stuck so blocks its tasks
+				// half-way. The caller fails closed.
+				write(map[bool]string{false: "THAWED", true: "0"}[c.v2])
+			}
 			return fmt.Errorf("container: the container's cgroup did not reach %s within %v", value, freezeTimeout)
 		}
 		time.Sleep(pause)
 		pause = min(2*pause, 5*time.Millisecond)
+		if frozen && !c.v2 {
+			// A v1 freezer can stay FREEZING while tasks appear in the
+			// cgroup (a fork, a task moved in); as runc does, ask again,
+			// and now and then thaw for a moment and start over.
+			if try%20 == 0 {
+				write("THAWED")
+				time.Sleep(10 * time.Millisecond)
+			}
+			if err := write(value); err != nil {
+				return err
+			}
+		}
 	}
 }
 
