@@ -129,7 +129,24 @@ func TestHardeningFromInside(t *testing.T) {
 	lim := moat.Limits{Disk: 8 * moat.MiB, Pids: 32, OpenFiles: 100, FileSize: 2 * moat.MiB}
 	sb := factory(t, lim)
 	defer sb.Close()
-	res, err := sb.Run(context.Background(), moat.Request{Code: []byte(`
+	t.Run("run", func(t *testing.T) { checkHardening(t, lim, sb.Run) })
+	// A session's run, an exec in its container, has all of it too.
+	ss, err := sb.(moat.Sessioner).NewSession(context.Background(), moat.SessionOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ss.Close()
+	t.Run("session", func(t *testing.T) { checkHardening(t, lim, ss.Run) })
+	si, err := sb.(moat.Sessioner).NewSession(context.Background(), moat.SessionOptions{Interpreter: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer si.Close()
+	t.Run("interpreter", func(t *testing.T) { checkHardening(t, lim, si.Run) })
+}
+
+func checkHardening(t *testing.T, lim moat.Limits, run func(context.Context, moat.Request) (*moat.Result, error)) {
+	res, err := run(context.Background(), moat.Request{Code: []byte(`
 import json, os, resource, socket
 r = {}
 st = dict(l.split(':\t', 1) for l in open('/proc/self/status').read().splitlines() if ':\t' in l)
@@ -154,6 +171,7 @@ r['mounts'] = sizes
 r['sock'] = [p for p in ('/var/run/docker.sock', '/run/docker.sock') if os.path.exists(p)]
 r['nofile'] = resource.getrlimit(resource.RLIMIT_NOFILE)
 r['fsize'] = resource.getrlimit(resource.RLIMIT_FSIZE)
+r['cpu'] = resource.getrlimit(resource.RLIMIT_CPU)
 r['core'] = resource.getrlimit(resource.RLIMIT_CORE)
 r['home'] = os.listdir('/home')
 try:
@@ -174,6 +192,7 @@ print(json.dumps(r))
 		Mounts          map[string][]any
 		Sock            []string
 		NoFile, FSize   []int64
+		CPU             []int64
 		Core            []int64
 		Home            []string
 	}
@@ -207,6 +226,8 @@ print(json.dumps(r))
 	check(len(r.NoFile) == 2 && r.NoFile[1] == int64(lim.OpenFiles), "nofile", r.NoFile)
 	check(len(r.FSize) == 2 && r.FSize[1] == int64(lim.FileSize), "fsize", r.FSize)
 	check(len(r.Core) == 2 && r.Core[1] == 0, "no core dumps", r.Core)
+	cpu := int64(time.Duration(lim.WithDefaults().CPUTime).Seconds())
+	check(len(r.CPU) == 2 && r.CPU[0] == cpu && r.CPU[1] == cpu+1, "the cpu rlimit", r.CPU)
 	check(len(r.Home) == 0, "empty /root and /home", r.Home)
 }
 
