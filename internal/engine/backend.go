@@ -78,6 +78,20 @@ type Process interface {
 	Wait() (Evidence, error)
 }
 
+// Ender is an optional interface of a Process. When the engine ends a run
+// itself it calls End instead of Kill, with why: moat.ReasonTimeout (the
+// wall time), moat.ReasonCanceled or moat.ReasonOutput, the first of them
+// when several come. End must do what Kill does, and may be called as Kill
+// may: from any goroutine (the output cap calls it from a backend's own
+// writer goroutine), more than once, after the run has ended. It lets a
+// backend say in Evidence.Notes why something that outlives a run (a
+// session's live interpreter) ended with it, which only the engine knows
+// before Wait returns.
+type Ender interface {
+	Process
+	End(why moat.Reason)
+}
+
 // ErrStale says a pooled instance can no longer serve a run; see Instance.
 var ErrStale = errors.New("engine: instance went stale")
 

@@ -272,22 +272,43 @@ func (k *killer) kill(why *bool) {
 	if first {
 		*why = true
 	}
-	p := k.p
+	p, reason := k.p, k.reason()
 	if p == nil {
 		k.pending = true
 	}
 	k.mu.Unlock()
 	if p != nil {
-		p.Kill()
+		end(p, reason)
 	}
 }
 
 func (k *killer) set(p Process) {
 	k.mu.Lock()
 	k.p = p
-	pending := k.pending
+	pending, reason := k.pending, k.reason()
 	k.mu.Unlock()
 	if pending {
-		p.Kill()
+		end(p, reason)
 	}
+}
+
+// reason is the first reason the run was killed for. The caller holds k.mu.
+func (k *killer) reason() moat.Reason {
+	switch {
+	case k.canceled:
+		return moat.ReasonCanceled
+	case k.wall:
+		return moat.ReasonTimeout
+	default:
+		return moat.ReasonOutput
+	}
+}
+
+// end ends p for why: through End when p is an Ender, else Kill.
+func end(p Process, why moat.Reason) {
+	if e, ok := p.(Ender); ok {
+		e.End(why)
+		return
+	}
+	p.Kill()
 }

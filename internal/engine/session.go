@@ -117,6 +117,9 @@ type spy struct {
 	ev *Evidence
 }
 
+// End passes the engine's reason on to the backend's process; see Ender.
+func (p *spy) End(why moat.Reason) { end(p.Process, why) }
+
 func (p *spy) Wait() (Evidence, error) {
 	ev, err := p.Process.Wait()
 	*p.ev = ev
