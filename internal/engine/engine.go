@@ -202,8 +202,11 @@ func (s *Sandbox) setupError(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
+	// A stale instance's error is wrapped too: runFresh still sees
+	// ErrStale in it, and when the retry is stale as well, the caller gets
+	// moat's class.
 	if errors.Is(err, moat.ErrUnavailable) || errors.Is(err, moat.ErrInvalid) || errors.Is(err, moat.ErrClosed) ||
-		errors.Is(err, moat.ErrSpent) || errors.Is(err, ErrStale) {
+		errors.Is(err, moat.ErrSpent) {
 		return err
 	}
 	return fmt.Errorf("%s: %w: %w", s.cfg.Level, moat.ErrUnavailable, err)
