@@ -166,7 +166,7 @@ func TestMissingPythonIsUnavailable(t *testing.T) {
 	if !errors.Is(err, moat.ErrUnavailable) {
 		t.Fatalf("got %v, want ErrUnavailable", err)
 	}
-	a := subprocess.Check(subprocess.Config{Python: "/nonexistent/python3"})
+	a := subprocess.Check(context.Background(), subprocess.Config{Python: "/nonexistent/python3"})
 	if a.Available || a.Reason == "" || a.Remedy == "" {
 		t.Errorf("Check = %+v, want unavailable with a reason and a remedy", a)
 	}
