@@ -119,6 +119,10 @@ type Config struct {
 	// default limits). Sessions without an interpreter leave nothing
 	// running between runs and are bounded per run only.
 	SessionCPUTime moat.Duration `json:"session_cpu_time,omitempty"`
+	// Warm is how many helpers are kept started ahead of runs, each
+	// waiting, idle and unconfined, for the spec of one run: zero means
+	// one, -1 none, at most 16 (engine.Config.Warm).
+	Warm int `json:"warm,omitempty"`
 	// Logger receives a line per run at debug level and set-up facts at
 	// info level. Nil means discard.
 	Logger *slog.Logger `json:"-"`
@@ -134,6 +138,9 @@ func (c Config) Validate() error {
 	}
 	if c.UIDFirst < 0 || c.UIDCount < 0 || (c.UIDFirst != 0 && c.UIDFirst < 1000) {
 		return fmt.Errorf("subprocess: uid range %d+%d must lie above the system's users: %w", c.UIDFirst, c.UIDCount, moat.ErrInvalid)
+	}
+	if err := engine.ValidateWarm(moat.LevelSubprocess, c.Warm); err != nil {
+		return err
 	}
 	if c.SessionCPUTime < 0 {
 		return fmt.Errorf("subprocess: session cpu time %v is negative: %w", c.SessionCPUTime, moat.ErrInvalid)
@@ -174,6 +181,7 @@ func New(cfg Config) (*Sandbox, error) {
 	es, err := engine.New(engine.Config{
 		Level:  moat.LevelSubprocess,
 		Limits: b.limits,
+		Warm:   cfg.Warm,
 		Notes:  b.notes,
 		Logger: b.log,
 	}, b)

@@ -96,7 +96,7 @@ const goodConfig = `{
   "limits": {"wall_time": "5s", "cpu_time": "4s", "memory": "128MiB", "pids": 32,
              "file_size": "1MiB", "disk": 33554432, "output": "64KiB", "open_files": 128},
   "subprocess": {"hardening": "tutorial", "python": "/usr/local/bin/python3", "run_dir": "/run/x",
-                 "uid_first": 3000000000, "uid_count": 10, "session_cpu_time": "1m"},
+                 "uid_first": 3000000000, "uid_count": 10, "session_cpu_time": "1m", "warm": 2},
   "container": {"image": "img:1", "runtime": "runc", "allow_vulnerable_runtime": true, "python": "/p",
                 "uid_first": 5000, "uid_count": 6, "cpus": 0.5, "warm": -1},
   "gvisor": {"runsc": "/r", "platform": "ptrace", "state_dir": "/s", "rootfs": "/fs", "prestart": 3},
