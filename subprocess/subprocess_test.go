@@ -153,8 +153,13 @@ func TestConfigValidate(t *testing.T) {
 		{UIDFirst: 10},
 		{Limits: moat.Limits{Memory: 1}},
 		{Limits: moat.Limits{Pids: -1}},
+		{Warm: -2},
+		{Warm: 17},
 	}
 	for _, c := range bad {
+		if err := c.Validate(); !errors.Is(err, moat.ErrInvalid) {
+			t.Errorf("(%+v).Validate() = %v, want ErrInvalid", c, err)
+		}
 		if _, err := subprocess.New(c); !errors.Is(err, moat.ErrInvalid) {
 			t.Errorf("New(%+v) = %v, want ErrInvalid", c, err)
 		}
