@@ -84,6 +84,7 @@ var readOnlyFiles = []string{"/etc/ld.so.cache", "/etc/localtime", "/etc/mime.ty
 // rwFiles are device files the code may write to.
 var rwFiles = []string{"/dev/null", "/dev/zero", "/dev/full"}
 
+// details lists the protections Check found, for moat doctor.
 func (b *backend) details() []string {
 	d := []string{"python: " + b.python, "hardening: " + string(b.cfg.Hardening)}
 	if b.strict {
@@ -98,6 +99,7 @@ func (b *backend) details() []string {
 	return d
 }
 
+// unavailable is the level's error for a protection it cannot apply.
 func unavailable(reason, remedy string, err error) error {
 	return &moat.UnavailableError{Level: moat.LevelSubprocess, Reason: reason, Remedy: remedy, Err: err}
 }

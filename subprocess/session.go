@@ -198,6 +198,9 @@ func (ss *session) errClosed() error {
 // Start starts one run of the session: a fresh helper, or the live
 // interpreter; see engine.SessionInstance.
 func (ss *session) Start(ctx context.Context, code []byte, stdout, stderr io.Writer) (engine.Process, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	ss.mu.Lock()
 	if ss.closed {
 		ss.mu.Unlock()
