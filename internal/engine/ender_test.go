@@ -11,29 +11,29 @@ import (
 	"github.com/moatsandbox/moat"
 )
 
-// fakeBackend's instances start processes that run until killed, after
+// enderBackend's instances start processes that run until killed, after
 // writing out to their stdout.
-type fakeBackend struct {
+type enderBackend struct {
 	out   string
 	ender bool // the processes implement Ender
-	procs chan *fakeProc
+	procs chan *enderProc
 }
 
-func (b *fakeBackend) Prepare(context.Context) (Instance, error) { return fakeInstance{b}, nil }
-func (b *fakeBackend) Close() error                              { return nil }
+func (b *enderBackend) Prepare(context.Context) (Instance, error) { return enderInstance{b}, nil }
+func (b *enderBackend) Close() error                              { return nil }
 
-func (b *fakeBackend) NewSession(context.Context, moat.SessionOptions) (SessionInstance, error) {
-	return fakeSession{fakeInstance{b}}, nil
+func (b *enderBackend) NewSession(context.Context, moat.SessionOptions) (SessionInstance, error) {
+	return enderSession{enderInstance{b}}, nil
 }
 
-type fakeInstance struct{ b *fakeBackend }
+type enderInstance struct{ b *enderBackend }
 
-func (i fakeInstance) Start(_ context.Context, _ []byte, stdout, _ io.Writer) (Process, error) {
-	p := &fakeProc{done: make(chan struct{})}
+func (i enderInstance) Start(_ context.Context, _ []byte, stdout, _ io.Writer) (Process, error) {
+	p := &enderProc{done: make(chan struct{})}
 	i.b.procs <- p
 	var proc Process = p
 	if i.b.ender {
-		proc = &fakeEnder{p}
+		proc = &enderProcEnd{p}
 	}
 	// The output cap's kill comes from this writer, as from a backend's
 	// goroutine; Start may still be returning.
@@ -41,20 +41,20 @@ func (i fakeInstance) Start(_ context.Context, _ []byte, stdout, _ io.Writer) (P
 	return proc, nil
 }
 
-func (fakeInstance) Discard() {}
+func (enderInstance) Discard() {}
 
-type fakeSession struct{ fakeInstance }
+type enderSession struct{ enderInstance }
 
-func (fakeSession) WriteFile(context.Context, string, io.Reader) error      { return nil }
-func (fakeSession) ReadFile(context.Context, string) (io.ReadCloser, error) { return nil, nil }
-func (fakeSession) ListFiles(context.Context) ([]moat.FileInfo, error)      { return nil, nil }
-func (fakeSession) Stat(context.Context, string) (moat.FileInfo, error)     { return moat.FileInfo{}, nil }
-func (fakeSession) Mkdir(context.Context, string) error                     { return nil }
-func (fakeSession) Rename(context.Context, string, string) error            { return nil }
-func (fakeSession) RemoveFile(context.Context, string) error                { return nil }
-func (fakeSession) Close() error                                            { return nil }
+func (enderSession) WriteFile(context.Context, string, io.Reader) error      { return nil }
+func (enderSession) ReadFile(context.Context, string) (io.ReadCloser, error) { return nil, nil }
+func (enderSession) ListFiles(context.Context) ([]moat.FileInfo, error)      { return nil, nil }
+func (enderSession) Stat(context.Context, string) (moat.FileInfo, error)     { return moat.FileInfo{}, nil }
+func (enderSession) Mkdir(context.Context, string) error                     { return nil }
+func (enderSession) Rename(context.Context, string, string) error            { return nil }
+func (enderSession) RemoveFile(context.Context, string) error                { return nil }
+func (enderSession) Close() error                                            { return nil }
 
-type fakeProc struct {
+type enderProc struct {
 	mu    sync.Mutex
 	kills int
 	ends  []moat.Reason
@@ -62,21 +62,21 @@ type fakeProc struct {
 	done  chan struct{}
 }
 
-func (p *fakeProc) Kill() {
+func (p *enderProc) Kill() {
 	p.mu.Lock()
 	p.kills++
 	p.mu.Unlock()
 	p.once.Do(func() { close(p.done) })
 }
 
-func (p *fakeProc) Wait() (Evidence, error) {
+func (p *enderProc) Wait() (Evidence, error) {
 	<-p.done
 	return Evidence{}, nil
 }
 
-type fakeEnder struct{ *fakeProc }
+type enderProcEnd struct{ *enderProc }
 
-func (p *fakeEnder) End(why moat.Reason) {
+func (p *enderProcEnd) End(why moat.Reason) {
 	p.mu.Lock()
 	p.ends = append(p.ends, why)
 	p.mu.Unlock()
@@ -104,7 +104,7 @@ func TestEnderGetsTheReason(t *testing.T) {
 	for _, ender := range []bool{true, false} {
 		for _, c := range cases {
 			t.Run(c.name, func(t *testing.T) {
-				b := &fakeBackend{out: c.out, ender: ender, procs: make(chan *fakeProc, 2)}
+				b := &enderBackend{out: c.out, ender: ender, procs: make(chan *enderProc, 2)}
 				lim := moat.Limits{Output: 10}
 				if !c.cancel {
 					lim.WallTime = moat.Duration(50 * time.Millisecond)
