@@ -100,6 +100,13 @@ func (s *Sandbox) Limits() moat.Limits { return s.lim }
 // Backend returns the backend under s.
 func (s *Sandbox) Backend() Backend { return s.b }
 
+// Take returns a prepared instance from the pool, or prepares one now, for
+// a backend that serves a run of one of its sessions with an instance of
+// the kind it prepares for one-shot runs (a helper process waiting for its
+// spec), so that session runs too find one ready. The caller discards it.
+// It is safe for concurrent use, also after Close, when it prepares one.
+func (s *Sandbox) Take(ctx context.Context) (Instance, error) { return s.pool.take(ctx) }
+
 // Close makes later runs fail with moat.ErrClosed, waits for the runs in
 // progress, discards the pooled instances and closes the backend. Calls
 // after the first return nil.
