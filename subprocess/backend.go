@@ -47,6 +47,8 @@ type backend struct {
 	uids      *uidpool.Pool   // strict only
 	notes     []string
 	log       *slog.Logger
+	// take is the engine's Sandbox.Take, set once the engine is made.
+	take func(context.Context) (engine.Instance, error)
 }
 
 var (
@@ -65,6 +67,23 @@ func (b *backend) Prepare(ctx context.Context) (engine.Instance, error) {
 		return nil, err
 	}
 	return &instance{b: b, h: h}, nil
+}
+
+// takeHelper returns a helper started ahead of runs from the engine's pool,
+// or starts one now.
+func (b *backend) takeHelper(ctx context.Context) (*helperProc, error) {
+	if b.take == nil {
+		return b.startHelper()
+	}
+	inst, err := b.take(ctx)
+	if err != nil {
+		return nil, err
+	}
+	in := inst.(*instance)
+	h := in.h
+	in.h = nil
+	in.Discard() // nothing is left of it
+	return h, nil
 }
 
 // Close releases nothing: every instance, run and session has released its

@@ -213,7 +213,7 @@ func (ss *session) Start(ctx context.Context, code []byte, stdout, stderr io.Wri
 	if ss.opts.Interpreter {
 		p, err = ss.startInterpreterRun(ctx, code, stdout, stderr)
 	} else {
-		p, err = ss.startPlain(code, stdout, stderr)
+		p, err = ss.startPlain(ctx, code, stdout, stderr)
 	}
 	if err != nil {
 		ss.runEnded()
@@ -260,9 +260,10 @@ func (r *sessionRun) Wait() (engine.Evidence, error) {
 	return r.Process.Wait()
 }
 
-// startPlain starts a run under a fresh helper and python3, through the same
-// path as a one-shot run, in the session's directory and under its uid.
-func (ss *session) startPlain(code []byte, stdout, stderr io.Writer) (engine.Process, error) {
+// startPlain starts a run under a fresh helper (one the engine's pool
+// started ahead, as for a one-shot run) and python3, through the same path
+// as a one-shot run, in the session's directory and under its uid.
+func (ss *session) startPlain(ctx context.Context, code []byte, stdout, stderr io.Writer) (engine.Process, error) {
 	b, lim := ss.b, ss.b.limits
 	uid, gid := ss.uid()
 	// The directory holds whatever the code planted: the code file is
@@ -303,17 +304,24 @@ func (ss *session) startPlain(code []byte, stdout, stderr io.Writer) (engine.Pro
 		}
 		p.group = g
 	}
-	h, err := b.startHelper()
-	if err != nil {
-		p.release()
-		return nil, err
+	sp := b.runSpec(ss.dir, uid, gid, p.group, []string{"python3", ss.dir + "/" + name})
+	for attempt := 0; ; attempt++ {
+		h, err := b.takeHelper(ctx)
+		if err != nil {
+			p.release()
+			return nil, err
+		}
+		p.h = h
+		err = p.launch(sp, stdout, stderr)
+		if errors.Is(err, errHelperGone) && attempt == 0 {
+			continue // it died while it waited in the pool: once more
+		}
+		if err != nil {
+			p.release()
+			return nil, err
+		}
+		return p, nil
 	}
-	p.h = h
-	if err := p.launch(b.runSpec(ss.dir, uid, gid, p.group, []string{"python3", ss.dir + "/" + name}), stdout, stderr); err != nil {
-		p.release()
-		return nil, err
-	}
-	return p, nil
 }
 
 // Close kills the run in progress, waits for its end and for the file

@@ -188,6 +188,7 @@ func New(cfg Config) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
+	b.take = es.Take // a session's runs too take a helper started ahead
 	return &Sandbox{Sandbox: es, b: b}, nil
 }
 
