@@ -90,3 +90,54 @@ func (s *Server) handleDeleteFile(w http.ResponseWriter, r *http.Request, owner 
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
+
+func (s *Server) handleStatFile(w http.ResponseWriter, r *http.Request, owner string) error {
+	ss, done, err := s.useSession(r, owner)
+	if err != nil {
+		return err
+	}
+	defer done()
+	info, err := ss.sess.Stat(r.Context(), r.PathValue("path"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, info)
+	return nil
+}
+
+func (s *Server) handleMkdir(w http.ResponseWriter, r *http.Request, owner string) error {
+	ss, done, err := s.useSession(r, owner)
+	if err != nil {
+		return err
+	}
+	defer done()
+	name := r.PathValue("path")
+	if err := ss.sess.Mkdir(r.Context(), name); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, map[string]any{"name": name})
+	return nil
+}
+
+// renameRequest is the body of POST /v1/sessions/{id}/rename.
+type renameRequest struct {
+	From string `json:"from"`
+	To   string `json:"to"`
+}
+
+func (s *Server) handleRename(w http.ResponseWriter, r *http.Request, owner string) error {
+	var req renameRequest
+	if err := s.decode(w, r, &req); err != nil {
+		return err
+	}
+	ss, done, err := s.useSession(r, owner)
+	if err != nil {
+		return err
+	}
+	defer done()
+	if err := ss.sess.Rename(r.Context(), req.From, req.To); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"from": req.From, "to": req.To})
+	return nil
+}

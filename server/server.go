@@ -246,6 +246,9 @@ func (s *Server) routeTable() []route {
 		{"PUT", "/v1/sessions/{id}/files/{path...}", false, s.handlePutFile},
 		{"GET", "/v1/sessions/{id}/files/{path...}", false, s.handleGetFile},
 		{"DELETE", "/v1/sessions/{id}/files/{path...}", false, s.handleDeleteFile},
+		{"GET", "/v1/sessions/{id}/stat/{path...}", false, s.handleStatFile},
+		{"POST", "/v1/sessions/{id}/dirs/{path...}", false, s.handleMkdir},
+		{"POST", "/v1/sessions/{id}/rename", false, s.handleRename},
 	}
 }
 

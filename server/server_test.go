@@ -96,6 +96,27 @@ func TestSessionLifecycle(t *testing.T) {
 			if names["made.txt"] != 8 || names["dir/sub/up.bin"] != int64(len(payload)) {
 				t.Errorf("files: %s", r.Body)
 			}
+			// Stat, mkdir, rename.
+			r = must(t, call(t, "GET", base+"/stat/made.txt", tokenA, nil), 200)
+			if m := r.JSON(t); m["name"] != "made.txt" || m["size"] != float64(8) || m["is_dir"] != false {
+				t.Errorf("stat: %s", r.Body)
+			}
+			must(t, call(t, "POST", base+"/dirs/new/deep", tokenA, nil), 201)
+			if m := must(t, call(t, "GET", base+"/stat/new/deep", tokenA, nil), 200).JSON(t); m["is_dir"] != true {
+				t.Errorf("stat of the made dir: %v", m)
+			}
+			must(t, call(t, "POST", base+"/rename", tokenA, map[string]any{"from": "dir/sub/up.bin", "to": "new/deep/moved.bin"}), 200)
+			if got := run("import os\nprint(os.path.exists('dir/sub/up.bin'), os.path.getsize('new/deep/moved.bin'))"); got["stdout"] != fmt.Sprintf("False %d\n", len(payload)) {
+				t.Errorf("after rename the code sees: %v", got)
+			}
+			if r := call(t, "GET", base+"/stat/dir/sub/up.bin", tokenA, nil); r.Status != 404 {
+				t.Errorf("stat of the moved file: %d %s", r.Status, r.Body)
+			}
+			for _, body := range []any{map[string]any{"from": "../x", "to": "y"}, map[string]any{"from": "made.txt", "to": "/etc/passwd"}, `{"from":"made.txt"}x`, map[string]any{"from": "made.txt", "to": "y", "extra": 1}} {
+				if r := call(t, "POST", base+"/rename", tokenA, body); r.Status != 400 {
+					t.Errorf("rename %v: %d %s", body, r.Status, r.Body)
+				}
+			}
 			must(t, call(t, "DELETE", base+"/files/made.txt", tokenA, nil), 204)
 			if r := call(t, "GET", base+"/files/made.txt", tokenA, nil); r.Status != 404 || r.ErrorCode(t) != "not_found" {
 				t.Errorf("after delete: %d %s", r.Status, r.Body)
@@ -122,7 +143,7 @@ func TestSessionLifecycle(t *testing.T) {
 	if v := metric(t, ts, `moat_sessions_active{level="subprocess"}`); v != 0 {
 		t.Errorf("sessions active after deleting all: %v", v)
 	}
-	if v := metric(t, ts, `moat_runs_total{level="subprocess",reason="none"}`); v != 6 {
+	if v := metric(t, ts, `moat_runs_total{level="subprocess",reason="none"}`); v != 8 { // four runs in each of the two sessions
 		t.Errorf("runs counted: %v", v)
 	}
 }

@@ -1,0 +1,68 @@
+package engine
+
+import (
+	"syscall"
+	"testing"
+
+	"github.com/moatsandbox/moat"
+)
+
+func TestJudge(t *testing.T) {
+	kill := syscall.SIGKILL
+	for _, c := range []struct {
+		name   string
+		ev     Evidence
+		code   int
+		sig    syscall.Signal
+		reason moat.Reason
+	}{
+		{"exit 0", Evidence{Exited: true, Status: Exit(0)}, 0, 0, moat.ReasonNone},
+		{"exit 3", Evidence{Exited: true, Status: Exit(3)}, 3, 0, moat.ReasonNone},
+		{"exit 255", Evidence{Exited: true, Status: Exit(255)}, 255, 0, moat.ReasonNone},
+		{"own signal", Evidence{Exited: true, Status: Signaled(syscall.SIGSEGV)}, 139, syscall.SIGSEGV, moat.ReasonSignal},
+		{"own sigkill", Evidence{Exited: true, Status: Signaled(kill)}, 137, kill, moat.ReasonSignal},
+		{"not seen to end", Evidence{}, 137, kill, moat.ReasonSignal},
+		{"canceled", Evidence{Canceled: true}, 137, kill, moat.ReasonCanceled},
+		{"canceled beats everything", Evidence{Canceled: true, WallTime: true, CPUTime: true, Memory: true, Pids: true, FileSize: true, Disk: true, Output: true}, 137, kill, moat.ReasonCanceled},
+		{"canceled though it exited", Evidence{Canceled: true, Exited: true, Status: Exit(0)}, 137, kill, moat.ReasonCanceled},
+		{"wall time", Evidence{WallTime: true}, 137, kill, moat.ReasonTimeout},
+		{"wall time beats output", Evidence{WallTime: true, Output: true}, 137, kill, moat.ReasonTimeout},
+		{"cpu by watch", Evidence{CPUTime: true}, 137, kill, moat.ReasonTimeout},
+		{"cpu by rlimit", Evidence{Exited: true, Status: Signaled(syscall.SIGXCPU)}, 152, syscall.SIGXCPU, moat.ReasonTimeout},
+		{"timeout beats memory", Evidence{CPUTime: true, Memory: true}, 137, kill, moat.ReasonTimeout},
+		{"memory", Evidence{Memory: true}, 137, kill, moat.ReasonMemory},
+		{"memory exit code kept", Evidence{Memory: true, Exited: true, Status: Exit(1)}, 1, 0, moat.ReasonMemory},
+		{"memory beats pids", Evidence{Memory: true, Pids: true}, 137, kill, moat.ReasonMemory},
+		{"pids", Evidence{Pids: true, Exited: true, Status: Exit(1)}, 1, 0, moat.ReasonPids},
+		{"pids beats filesize", Evidence{Pids: true, FileSize: true, Exited: true, Status: Exit(1)}, 1, 0, moat.ReasonPids},
+		{"filesize", Evidence{FileSize: true, Exited: true, Status: Exit(1)}, 1, 0, moat.ReasonFileSize},
+		{"filesize beats disk", Evidence{FileSize: true, Disk: true, Exited: true, Status: Exit(1)}, 1, 0, moat.ReasonFileSize},
+		{"disk", Evidence{Disk: true, Exited: true, Status: Exit(0)}, 0, 0, moat.ReasonDisk},
+		{"disk beats output", Evidence{Disk: true, Output: true}, 137, kill, moat.ReasonDisk},
+		{"output", Evidence{Output: true, Exited: true, Status: Exit(0)}, 137, kill, moat.ReasonOutput},
+		{"output beats signal", Evidence{Output: true, Exited: true, Status: Signaled(syscall.SIGSEGV)}, 137, kill, moat.ReasonOutput},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			v := Judge(c.ev)
+			if v.ExitCode != c.code || v.Signal != c.sig || v.Reason != c.reason {
+				t.Errorf("Judge(%+v) = %d %v %q, want %d %v %q", c.ev, v.ExitCode, v.Signal, v.Reason, c.code, c.sig, c.reason)
+			}
+			if (v.Signal == 0) != (v.SignalName() == "") {
+				t.Errorf("signal name %q for %v", v.SignalName(), v.Signal)
+			}
+		})
+	}
+}
+
+func TestStatusBuilders(t *testing.T) {
+	for code := 0; code < 256; code++ {
+		if st := Exit(code); !st.Exited() || st.ExitStatus() != code {
+			t.Fatalf("Exit(%d) = %#x", code, uint32(st))
+		}
+	}
+	for sig := syscall.Signal(1); sig < 65; sig++ {
+		if st := Signaled(sig); !st.Signaled() || st.Signal() != sig {
+			t.Fatalf("Signaled(%d) = %#x", sig, uint32(st))
+		}
+	}
+}
