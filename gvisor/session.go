@@ -207,7 +207,7 @@ func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (eng
 // sessionSpec is the spec of a session's sandbox: a run's, but for its
 // process, the container's init, which does nothing.
 func (b *backend) sessionSpec() *ociSpec {
-	spec := newSpec(b.rootfs, image.Python, b.limits)
+	spec := specWith(b.rootfs, image.Python, b.limits, writableShares(b.limits.Disk, sessionTmpShare, sessionShmShare))
 	spec.Process.Args = []string{"/bin/sh", "-c", "echo ready && exec /bin/sleep infinity"}
 	spec.Process.User = ociUser{UID: 0, GID: 0, AdditionalGids: []uint32{}}
 	spec.Process.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/", "LANG=C.UTF-8"}
