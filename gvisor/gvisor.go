@@ -50,8 +50,18 @@
 // starts when Run is called; the CPU time that booting used is not counted
 // against the run.
 //
-// Sessions ([Sandbox.NewSession]) keep one sandbox for their whole life;
-// see session.go for how each run is started in it and ended.
+// Sessions ([Sandbox.NewSession], moat.Sessioner) keep one sandbox, made
+// as a run's, for their whole life: each run is a fresh python3 started in
+// it with runsc exec, as the init of a PID namespace of its own under the
+// same hardening (the seccomp filter installed by moat's launcher, since
+// gVisor applies the spec's to the container's init only), so that its end
+// ends every process it started; between runs the sandbox is paused. The
+// session's files (its working directory, nearly all of the disk limit)
+// persist; runs get the run limits, the session as a whole the memory and
+// disk limits and Config.SessionCPUTime of CPU. Sessions with a live
+// interpreter (moat.SessionOptions.Interpreter) are not available at this
+// level: NewSession refuses them with an error wrapping
+// moat.ErrUnavailable. See session.go.
 //
 // How each Reason is found, from outside the code: timeout, when moat's
 // wall timer or the cgroup's CPU account fires (moat kills the cgroup), or

@@ -66,19 +66,24 @@ import (
 //
 // Between runs nothing of a run is left, and the sandbox is paused (runsc
 // pause) besides: no task of it is scheduled until the next run or file
-// operation resumes it (runsc resume).
+// operation resumes it (runsc resume). Before pausing, moat starts the
+// next run's launcher, whose python3 (-s: the user site directory the code
+// could write to is not read, so nothing planted runs as it starts) waits
+// for its code on stdin: a run then costs the resume, not a launch.
 //
 // Limits: each run gets the run limits that gVisor's kernel enforces per
 // process (the spec's rlimits, which runsc gives every exec'd process: CPU
 // time, file size, open files, and RLIMIT_NPROC for the session uid's
-// tasks, which are only the run's own since nothing of earlier runs is
-// left) and the wall time; its CPU time is also watched from the host
+// tasks, which are only the run's own, and those of a file operation in
+// progress, since nothing of earlier runs is left) and the wall time; its CPU time is also watched from the host
 // cgroup while it runs. The session as a whole has the level's memory and
 // disk limits (the cgroup holds the whole sandbox; the tmpfs mounts are
 // the sandbox's, with their sizes) and a CPU budget (Config.SessionCPUTime,
-// counted from the cgroup while runs are in progress). A run that passes
-// the memory limit ends the whole sandbox: the run says memory, and the
-// session's later runs fail with an error wrapping moat.ErrUnavailable.
+// counted from the cgroup while runs are in progress). The working
+// directory gets Disk less /tmp's Disk/16 and /dev/shm's Disk/64. A run
+// that passes the memory limit ends the whole sandbox: the run says
+// memory, and the session's later runs fail with an error wrapping
+// moat.ErrUnavailable.
 //
 // The file operations run package sessionfiles' program in the sandbox
 // with runsc exec, as the session's uid, from /, with python3 -I, outside
@@ -111,8 +116,8 @@ type session struct {
 	seq atomic.Int64 // names the runs' and file operations' files
 
 	// primed is closed once the launcher of the next run is started (next,
-	// or nil when that failed); Start takes it. Only the session's runs,
-	// which the engine serializes, and prime touch them.
+	// guarded by mu, or nil when that failed); Start takes it. primed is
+	// replaced only by the session's runs, which the engine serializes.
 	primed chan struct{}
 	next   *sessionRun
 	bg     sync.WaitGroup // prime
@@ -366,7 +371,10 @@ func (ss *session) Close() error {
 	ss.mu.Lock()
 	ss.closed = true
 	ss.mu.Unlock()
-	ss.bt.remove()
+	// The sandbox first, then what runsc exec still runs for it (each ends
+	// once the sandbox is gone), then its files: no runsc exec writes into
+	// the bundle while it is removed.
+	ss.bt.kill()
 	ss.mu.Lock()
 	for cmd := range ss.execs {
 		cmd.Process.Kill()
@@ -374,6 +382,13 @@ func (ss *session) Close() error {
 	ss.mu.Unlock()
 	ss.execWG.Wait()
 	ss.bg.Wait()
+	ss.mu.Lock()
+	if r := ss.next; r != nil {
+		closeAll([]*os.File{r.stdin, r.stdout, r.stderr})
+		ss.next = nil
+	}
+	ss.mu.Unlock()
+	ss.bt.remove()
 	ss.b.log.Debug("gvisor: session closed", "id", ss.bt.id)
 	return nil
 }
@@ -428,8 +443,9 @@ func (ss *session) Start(ctx context.Context, code []byte, stdout, stderr io.Wri
 	var r *sessionRun
 	select {
 	case <-ss.primed:
-		r = ss.next
-		ss.next = nil
+		ss.mu.Lock()
+		r, ss.next = ss.next, nil
+		ss.mu.Unlock()
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -462,6 +478,13 @@ func (ss *session) Start(ctx context.Context, code []byte, stdout, stderr io.Wri
 // the hold the caller has taken.
 func (ss *session) startPriming() {
 	ss.primed = make(chan struct{})
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.closed {
+		ss.holds--
+		close(ss.primed)
+		return
+	}
 	ss.bg.Go(ss.prime)
 }
 
@@ -474,7 +497,9 @@ func (ss *session) prime() {
 	defer ss.release()
 	r, err := ss.launch()
 	if err != nil {
-		ss.b.log.Warn("gvisor: session: prime the next run", "id", ss.bt.id, "err", err)
+		if !errors.Is(err, moat.ErrClosed) {
+			ss.b.log.Warn("gvisor: session: prime the next run", "id", ss.bt.id, "err", err)
+		}
 		return
 	}
 	select {
@@ -487,7 +512,9 @@ func (ss *session) prime() {
 	// the latency depends on this: a python3 paused earlier starts when
 	// its run resumes the sandbox.
 	ss.waitIdle()
+	ss.mu.Lock()
 	ss.next = r
+	ss.mu.Unlock()
 }
 
 // idleWindow and idleCPU: the sandbox is idle when its cgroup used less
