@@ -61,7 +61,9 @@
 // disk limits and Config.SessionCPUTime of CPU. Sessions with a live
 // interpreter (moat.SessionOptions.Interpreter) are not available at this
 // level: NewSession refuses them with an error wrapping
-// moat.ErrUnavailable. See session.go.
+// moat.ErrUnavailable, because what an interpreter leaves running between
+// runs could not be kept frozen while a file operation, which runs in the
+// sandbox, resumes it. See session.go.
 //
 // How each Reason is found, from outside the code: timeout, when moat's
 // wall timer or the cgroup's CPU account fires (moat kills the cgroup), or

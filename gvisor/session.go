@@ -143,11 +143,18 @@ func (b *backend) sessionCPUTime() time.Duration {
 }
 
 // NewSession boots the session's sandbox and waits until it runs; see
-// engine.SessionBackend. Sessions with a live interpreter are not built at
-// this level: they fail with an error wrapping moat.ErrUnavailable.
+// engine.SessionBackend. Sessions with a live interpreter are refused with
+// an error wrapping moat.ErrUnavailable: the interpreter and what its runs
+// left running would stay in the sandbox between runs, where only runsc
+// pause can freeze them, and every file operation, which runs in the
+// sandbox, resumes the whole of it.
 func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (engine.SessionInstance, error) {
 	if opts.Interpreter {
-		return nil, unavailable("sessions with a live interpreter are not available at the gvisor level",
+		// Its processes would stay between runs, and the file operations
+		// run inside the sandbox: each would resume them, since runsc
+		// pauses a whole sandbox or nothing, and SIGSTOP does not hold a
+		// process that armed a SIGCONT.
+		return nil, unavailable("sessions with a live interpreter are not available at the gvisor level: what it left running could not be kept frozen while the session's files are read or written",
 			"use a session without one (its files persist, each run is a fresh python3), or the subprocess level", nil)
 	}
 	filter, err := guestFilter()
