@@ -99,7 +99,7 @@ const goodConfig = `{
                  "uid_first": 3000000000, "uid_count": 10, "session_cpu_time": "1m", "warm": 2},
   "container": {"image": "img:1", "runtime": "runc", "allow_vulnerable_runtime": true, "python": "/p",
                 "uid_first": 5000, "uid_count": 6, "cpus": 0.5, "warm": -1},
-  "gvisor": {"runsc": "/r", "platform": "ptrace", "state_dir": "/s", "rootfs": "/fs", "prestart": 3},
+  "gvisor": {"runsc": "/r", "platform": "ptrace", "state_dir": "/s", "rootfs": "/fs", "warm": 3, "session_cpu_time": "2m"},
   "microvm": {"state_dir": "/m", "image": {"state_dir": "/i", "suite": "trixie", "packages": ["python3", "python3-numpy"],
               "mirror": "http://127.0.0.1/debian", "repository": "repo"},
               "qemu": "/q", "kernel_dir": "/k", "agent": "/a", "vcpus": 2, "accel": "tcg", "require_kvm": true,
