@@ -109,10 +109,15 @@ type SessionBackend interface {
 // moment, never torn past its size at that moment. Errors wrap
 // fs.ErrNotExist for a missing file, moat.ErrInvalid for a name that is not
 // a file of the session (a directory where a file was asked, a link out) or
-// a write past the disk or file size limit.
+// a write past the disk or file size limit. Each must return soon once its
+// ctx is done; so must a Read of the reader ReadFile returned, which lives
+// under ReadFile's ctx until it is closed.
 //
-// Close kills everything of the session and removes it; the engine calls it
-// once, after the last run has ended.
+// Close kills everything of the session and removes it. The engine calls it
+// once, when nothing else of the instance is in use: it first ends the run
+// in progress (through its Process), the file operations in progress (their
+// ctx) and the readers still open (their ctx, then their Close), and waits
+// for them; after Close it calls nothing of the instance.
 type SessionInstance interface {
 	Start(ctx context.Context, code []byte, stdout, stderr io.Writer) (Process, error)
 	moat.Files
