@@ -72,7 +72,12 @@ type Instance interface {
 // its own (its kills, the output cap) before the verdict. An error means the
 // sandbox itself failed and no verdict can be given (a helper that ended
 // without a report, a sentry that crashed); the engine returns it as an error
-// wrapping moat.ErrUnavailable. Wait is called once.
+// wrapping moat.ErrUnavailable. Once the engine has killed the run, it takes
+// an error of no class as the consequence of its kill (a helper or VM killed
+// before it could report) and gives the run its verdict; a failure that the
+// kill does not explain (a kill that did not take, a crash, a report that
+// disagrees) must wrap moat.ErrUnavailable, and stays an error. Wait is
+// called once.
 type Process interface {
 	Kill()
 	Wait() (Evidence, error)

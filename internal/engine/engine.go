@@ -237,7 +237,12 @@ func (s *Sandbox) runIn(ctx context.Context, start starter, req moat.Request, be
 	if stdout.Truncated() || stderr.Truncated() {
 		ev.Output = true
 	}
-	if err != nil && !ev.Canceled && !ev.WallTime && !ev.Output {
+	// After a kill of the engine's, a Wait error of no class is the kill's
+	// own doing (a helper or VM killed before it could report) and the run
+	// gets its verdict; one wrapping moat.ErrUnavailable says the sandbox
+	// failed all the same, and is never turned into a Result.
+	killed := ev.Canceled || ev.WallTime || ev.Output
+	if err != nil && (!killed || errors.Is(err, moat.ErrUnavailable)) {
 		return nil, s.setupError(context.Background(), err)
 	}
 	v := Judge(ev)
