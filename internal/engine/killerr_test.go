@@ -84,3 +84,39 @@ func TestFailureAfterOurKillIsAnError(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseFailsRunsWaitingForASlot: Close makes the runs still waiting
+// for one of MaxRuns' slots fail with moat.ErrClosed; they never start, and
+// Close waits only for the run in progress.
+func TestCloseFailsRunsWaitingForASlot(t *testing.T) {
+	s, b := newFake(t, Config{Limits: moat.Limits{WallTime: moat.Duration(time.Minute)}, MaxRuns: 1, Warm: -1})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	first := make(chan error, 1)
+	go func() { _, err := s.Run(ctx, moat.Request{Code: []byte("sleep")}); first <- err }()
+	waitFor(t, func() bool { return len(s.slots) == 1 })
+	queued := make(chan error, 1)
+	go func() { _, err := s.Run(context.Background(), moat.Request{Code: []byte("exit 0")}); queued <- err }()
+	time.Sleep(50 * time.Millisecond) // the second run waits for the slot
+	closed := make(chan struct{})
+	go func() { s.Close(); close(closed) }()
+	select {
+	case err := <-queued:
+		if !errors.Is(err, moat.ErrClosed) {
+			t.Errorf("a run waiting for a slot at Close = %v, want an error wrapping moat.ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("a run waiting for a slot at Close was still waiting 5s later")
+	}
+	select {
+	case <-closed:
+		t.Error("Close returned while a run was in progress")
+	default:
+	}
+	cancel()
+	<-first
+	<-closed
+	if p, _, _ := b.counts(); p != 1 {
+		t.Errorf("%d instances prepared, want 1: a run queued at Close went on", p)
+	}
+}

@@ -136,7 +136,7 @@ func (ss *Session) Run(ctx context.Context, req moat.Request) (*moat.Result, err
 		return nil, ss.ended(ctx, err)
 	}
 	start := time.Now()
-	release, err := ss.s.slot(ctx)
+	release, err := ss.s.slot(ctx, false)
 	if err != nil {
 		return nil, ss.ended(ctx, err)
 	}
