@@ -224,6 +224,7 @@ func (c *call) end(grace bool) error {
 type stdinReader struct {
 	r      io.Reader
 	n      atomic.Int64 // bytes handed on
+	eof    atomic.Bool  // r gave io.EOF: the Exec had all of it
 	closed atomic.Bool
 	mu     sync.Mutex
 	err    error // the caller's reader's, other than io.EOF
@@ -235,6 +236,9 @@ func (s *stdinReader) Read(p []byte) (int, error) {
 	}
 	n, err := s.r.Read(p)
 	s.n.Add(int64(n))
+	if err == io.EOF {
+		s.eof.Store(true)
+	}
 	if err != nil && err != io.EOF {
 		s.mu.Lock()
 		s.err = err
@@ -271,14 +275,24 @@ func failed(op, name string, c *call, problem error) error {
 	return fmt.Errorf("sessionfiles: %s%s: the instance gave %v", op, quoted(name), problem)
 }
 
+// maxExecErr is how much of an Exec's error text an error carries.
+const maxExecErr = 512
+
 // execErr keeps of an Exec's error only the classes that mean something to
 // a caller of Files (the level unavailable or closed); any other is text,
 // so that a missing python3 ("no such file") never reads as a missing file.
+// That text may hold what the program wrote to its standard error, the
+// instance's words: it is quoted and cut, so that no control character, no
+// forged line and no flood of it reaches a log or a terminal.
 func execErr(err error) error {
 	if errors.Is(err, moat.ErrUnavailable) || errors.Is(err, moat.ErrClosed) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
-	return errors.New(err.Error())
+	msg := err.Error()
+	if len(msg) > maxExecErr {
+		msg = msg[:maxExecErr] + "..."
+	}
+	return errors.New(strconv.Quote(msg))
 }
 
 // finished is the error of a run after its last answer, which was a
@@ -377,7 +391,8 @@ func (f *files) do(ctx context.Context, stdin io.Reader, want, op, name string, 
 
 // WriteFile: see moat.Files. It sends at most one byte past the file size
 // limit, and refuses the write when r holds more, whatever the instance
-// answers.
+// answers; an ok from an instance that had not read r to its end (or to
+// that byte) is a failure, not a write.
 func (f *files) WriteFile(ctx context.Context, name string, r io.Reader) error {
 	if err := checkName("write", name); err != nil {
 		return err
@@ -408,6 +423,11 @@ func (f *files) WriteFile(ctx context.Context, name string, r io.Reader) error {
 	}
 	if err := c.stdin.readErr(); err != nil {
 		return fmt.Errorf("sessionfiles: write %q: reading the contents: %w", name, err)
+	}
+	if !c.stdin.eof.Load() {
+		// The program answers only once its stdin has ended, which the
+		// Exec passes on after r gave io.EOF.
+		return fmt.Errorf("sessionfiles: write %q: the instance answered before it had read the contents", name)
 	}
 	return nil
 }
