@@ -58,8 +58,12 @@ type Exec func(ctx context.Context, argv []string, stdin io.Reader, stdout io.Wr
 
 // Options describe the instance to New.
 type Options struct {
-	// Python is the path of python3 inside the instance. Empty means
-	// "python3", looked up in the PATH Exec gives.
+	// Python is the absolute path of python3 inside the instance: one
+	// that neither the session's uid nor its code can write, nor any
+	// directory on the way, or the code could answer for the program.
+	// Empty means /usr/bin/python3 (the shared image's). A name looked up
+	// in a PATH is refused: a directory of the PATH the code can write
+	// would choose the interpreter.
 	Python string
 	// Dir is the session's working directory: an absolute path inside the
 	// instance. It is opened from "/" one component at a time, never
@@ -75,6 +79,9 @@ type Options struct {
 	MaxList int
 }
 
+// DefaultPython is the interpreter an empty Options.Python means.
+const DefaultPython = "/usr/bin/python3"
+
 // Caps on what the Go side reads from the instance besides file contents.
 const (
 	maxLine      = 64 << 10 // one answer line: an entry's name is at most 4096 bytes
@@ -84,8 +91,8 @@ const (
 
 // New returns the file operations of the session whose working directory is
 // o.Dir inside the instance that exec runs in. They are safe for concurrent
-// use; each is one run of the program. It panics if exec is nil or o.Dir is
-// not absolute, both mistakes of the level.
+// use; each is one run of the program. It panics if exec is nil, or o.Dir
+// or o.Python is not absolute, all mistakes of the level.
 func New(exec Exec, o Options) moat.Files {
 	if exec == nil {
 		panic("sessionfiles: New with a nil Exec")
@@ -94,7 +101,10 @@ func New(exec Exec, o Options) moat.Files {
 		panic(fmt.Sprintf("sessionfiles: the working directory %q is not a clean absolute path", o.Dir))
 	}
 	if o.Python == "" {
-		o.Python = "python3"
+		o.Python = DefaultPython
+	}
+	if !path.IsAbs(o.Python) || path.Clean(o.Python) != o.Python {
+		panic(fmt.Sprintf("sessionfiles: python %q is not a clean absolute path", o.Python))
 	}
 	if o.FileSize <= 0 {
 		o.FileSize = moat.DefaultLimits().FileSize

@@ -197,3 +197,31 @@ func TestWriteOKBeforeTheContents(t *testing.T) {
 		t.Log(err)
 	}
 }
+
+// TestPythonIsAbsolute: the program runs by an absolute path, never by a
+// name the instance's PATH resolves (a directory of it the code could
+// write would choose the interpreter, and the answers).
+func TestPythonIsAbsolute(t *testing.T) {
+	var argv0 string
+	exec := func(ctx context.Context, argv []string, stdin io.Reader, stdout io.Writer) error {
+		argv0 = argv[0]
+		io.WriteString(stdout, `{"k":"ok"}`+"\n")
+		return nil
+	}
+	if err := New(exec, Options{Dir: "/work"}).Mkdir(context.Background(), "d"); err != nil {
+		t.Fatal(err)
+	}
+	if argv0 != "/usr/bin/python3" {
+		t.Errorf("with no Python given, the program ran as %q, want /usr/bin/python3", argv0)
+	}
+	for _, py := range []string{"python3", "bin/python3", "/usr/bin/../../tmp/python3"} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("New with Python %q did not refuse it", py)
+				}
+			}()
+			New(exec, Options{Dir: "/work", Python: py})
+		}()
+	}
+}
