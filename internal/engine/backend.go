@@ -32,7 +32,9 @@ import (
 // applied.
 //
 // Close releases what the backend holds once the engine has discarded every
-// instance and no run is in progress.
+// instance and no run is in progress. Sessions outlive it (a sandbox's
+// Close does not close its sessions): what a SessionInstance needs must
+// stay until that session's own Close.
 type Backend interface {
 	Prepare(ctx context.Context) (Instance, error)
 	Close() error

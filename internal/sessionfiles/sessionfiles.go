@@ -13,6 +13,14 @@
 // the disk leaves the old file as it was), and streams contents through the
 // program's stdin and stdout as they are, never encoded.
 //
+// What keeps the program in the working directory is the walk; what keeps a
+// hard link, which every open follows, from reaching more is that the
+// program has the code's own rights and no more: the session's uid, inside
+// the instance. A hard link the code made names a file the code could
+// already read, and a write never goes through an existing inode (it
+// renames a new file over the name). A level must never run the program
+// with more rights than the code (another uid, root, or on the host).
+//
 // The Go side does not trust the instance: it checks names before sending
 // them, reads at most what an honest answer can hold (a file up to the file
 // size limit, a listing up to its cap, answer lines up to a fixed size),
