@@ -62,6 +62,7 @@ type Sandbox struct {
 	slots  chan struct{}
 	mu     sync.Mutex
 	closed bool
+	quit   chan struct{} // closed by Close: runs still waiting for a slot give up
 	runs   sync.WaitGroup
 }
 
@@ -76,7 +77,7 @@ func New(cfg Config, b Backend) (*Sandbox, error) {
 	if err := cfg.Limits.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Sandbox{cfg: cfg, lim: cfg.Limits.WithDefaults(), b: b, log: cfg.Logger}
+	s := &Sandbox{cfg: cfg, lim: cfg.Limits.WithDefaults(), b: b, log: cfg.Logger, quit: make(chan struct{})}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -107,9 +108,10 @@ func (s *Sandbox) Backend() Backend { return s.b }
 // It is safe for concurrent use, also after Close, when it prepares one.
 func (s *Sandbox) Take(ctx context.Context) (Instance, error) { return s.pool.take(ctx) }
 
-// Close makes later runs fail with moat.ErrClosed, waits for the runs in
-// progress, discards the pooled instances and closes the backend. Calls
-// after the first return nil.
+// Close makes later runs fail with moat.ErrClosed, and so the runs still
+// waiting for a MaxRuns slot, waits for the runs in progress, discards the
+// pooled instances and closes the backend. Calls after the first return
+// nil.
 func (s *Sandbox) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -117,6 +119,7 @@ func (s *Sandbox) Close() error {
 		return nil
 	}
 	s.closed = true
+	close(s.quit)
 	s.mu.Unlock()
 	s.runs.Wait()
 	s.pool.close()
@@ -151,15 +154,32 @@ func (s *Sandbox) checkCode(code []byte) error {
 }
 
 // slot waits for a run slot when MaxRuns caps them; release gives it back.
-func (s *Sandbox) slot(ctx context.Context) (release func(), err error) {
+// A one-shot run (oneShot) gives up when the sandbox closes; a session's
+// runs outlive it.
+func (s *Sandbox) slot(ctx context.Context, oneShot bool) (release func(), err error) {
 	if s.slots == nil {
 		return func() {}, nil
 	}
+	var quit chan struct{}
+	if oneShot {
+		quit = s.quit
+	}
+	closed := func() error {
+		return fmt.Errorf("%s: closed while the run waited for a slot: %w", s.cfg.Level, moat.ErrClosed)
+	}
 	select {
 	case s.slots <- struct{}{}:
-		return func() { <-s.slots }, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
+	case <-quit:
+		return nil, closed()
+	}
+	select {
+	case <-quit: // a slot came free as the sandbox closed
+		<-s.slots
+		return nil, closed()
+	default:
+		return func() { <-s.slots }, nil
 	}
 }
 
@@ -173,7 +193,7 @@ func (s *Sandbox) Run(ctx context.Context, req moat.Request) (*moat.Result, erro
 		return nil, err
 	}
 	start := time.Now()
-	release, err := s.slot(ctx)
+	release, err := s.slot(ctx, true)
 	if err != nil {
 		return nil, err
 	}
@@ -247,7 +267,12 @@ func (s *Sandbox) runIn(ctx context.Context, start starter, req moat.Request, be
 	if stdout.Truncated() || stderr.Truncated() {
 		ev.Output = true
 	}
-	if err != nil && !ev.Canceled && !ev.WallTime && !ev.Output {
+	// After a kill of the engine's, a Wait error of no class is the kill's
+	// own doing (a helper or VM killed before it could report) and the run
+	// gets its verdict; one wrapping moat.ErrUnavailable says the sandbox
+	// failed all the same, and is never turned into a Result.
+	killed := ev.Canceled || ev.WallTime || ev.Output
+	if err != nil && (!killed || errors.Is(err, moat.ErrUnavailable)) {
 		return nil, s.setupError(context.Background(), err)
 	}
 	v := Judge(ev)
