@@ -17,6 +17,7 @@ type Reason string
 // a reason before it in this order applies too.
 const (
 	ReasonNone     Reason = ""
+	ReasonCanceled Reason = "canceled" // the caller cancelled the run (or closed its session)
 	ReasonTimeout  Reason = "timeout"  // the wall time or the CPU time ran out
 	ReasonMemory   Reason = "memory"   // the memory limit was hit
 	ReasonPids     Reason = "pids"     // the process/thread limit refused a fork or a thread
@@ -24,7 +25,6 @@ const (
 	ReasonDisk     Reason = "disk"     // the writable space ran out
 	ReasonOutput   Reason = "output"   // an output stream passed its cap: cut there, and the run killed
 	ReasonSignal   Reason = "signal"   // the code was killed by a signal it did not get from moat
-	ReasonCanceled Reason = "canceled" // the caller cancelled the run
 )
 
 // Result is what a run produced. The code's failures are Results, not

@@ -42,8 +42,11 @@ type SessionOptions struct {
 // (which the code may plant) that lead outside are refused with an error
 // wrapping ErrInvalid, and nothing is read or written.
 //
-// Close kills anything still running and removes everything of the session.
-// It may be called more than once.
+// Close kills anything still running and removes everything of the session:
+// a run in progress ends as a cancelled one does (Reason [ReasonCanceled]),
+// file operations in progress fail with an error wrapping ErrClosed, and so
+// do later Reads of the readers ReadFile returned. It may be called more
+// than once.
 type Session interface {
 	Run(ctx context.Context, req Request) (*Result, error)
 	Files

@@ -21,7 +21,7 @@ import (
 // for: a Go panic (runsc's --panic-signal makes SIGUSR2 panic the sentry)
 // and a SIGKILL from outside moat.
 func TestSentryFailure(t *testing.T) {
-	cfg := Config{StateDir: t.TempDir(), Prestart: -1}
+	cfg := Config{StateDir: t.TempDir(), Warm: -1}
 	if a := Check(context.Background(), cfg); !a.Available {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("the gvisor level cannot run here: %s; CI must test it", a.Reason)
@@ -33,7 +33,7 @@ func TestSentryFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	s.testFlags = []string{"--panic-signal=" + strconv.Itoa(int(syscall.SIGUSR2))}
+	s.b.testFlags = []string{"--panic-signal=" + strconv.Itoa(int(syscall.SIGUSR2))}
 	for _, c := range []struct {
 		name string
 		sig  syscall.Signal
@@ -45,7 +45,7 @@ func TestSentryFailure(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			var sent []int
 			out := &onReady{do: func() {
-				for _, pid := range sentryPids(s.runscRoot) {
+				for _, pid := range sentryPids(s.b.runscRoot) {
 					if syscall.Kill(pid, c.sig) == nil {
 						sent = append(sent, pid)
 					}

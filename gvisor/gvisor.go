@@ -41,13 +41,29 @@
 //     are reaped by the next [New].
 //
 // Booting gVisor and starting Python take most of a run's time, so the
-// sandbox keeps Config.Prestart sandboxes booted ahead: each is a fresh
-// sandbox, made exactly as a run's own would be, in which Python has started
-// and waits for the code on stdin; a run takes one and is used once, and new
-// ones boot in the background after each run. Nothing passes from one run to
-// another: every run still gets a sandbox, cgroup and bundle of its own.
-// The wall time starts when Run is called; the CPU time that booting used is
-// not counted against the run.
+// level keeps Config.Warm sandboxes booted ahead (moat's run engine keeps
+// them, package internal/engine): each is a fresh sandbox, made exactly as
+// a run's own would be, in which Python has started and waits for the code
+// on stdin; a run takes one and is used once, and new ones boot in the
+// background after each run. Nothing passes from one run to another: every
+// run still gets a sandbox, cgroup and bundle of its own. The wall time
+// starts when Run is called; the CPU time that booting used is not counted
+// against the run.
+//
+// Sessions ([Sandbox.NewSession], moat.Sessioner) keep one sandbox, made
+// as a run's, for their whole life: each run is a fresh python3 started in
+// it with runsc exec, as the init of a PID namespace of its own under the
+// same hardening (the seccomp filter installed by moat's launcher, since
+// gVisor applies the spec's to the container's init only), so that its end
+// ends every process it started; between runs the sandbox is paused. The
+// session's files (its working directory, nearly all of the disk limit)
+// persist; runs get the run limits, the session as a whole the memory and
+// disk limits and Config.SessionCPUTime of CPU. Sessions with a live
+// interpreter (moat.SessionOptions.Interpreter) are not available at this
+// level: NewSession refuses them with an error wrapping
+// moat.ErrUnavailable, because what an interpreter leaves running between
+// runs could not be kept frozen while a file operation, which runs in the
+// sandbox, resumes it. See session.go.
 //
 // How each Reason is found, from outside the code: timeout, when moat's
 // wall timer or the cgroup's CPU account fires (moat kills the cgroup), or
@@ -66,7 +82,8 @@
 // its panic log (--panic-log). A sentry that panicked, crashed or was
 // killed from outside makes the run fail with an error wrapping
 // moat.ErrUnavailable; one that the cgroup's memory or pids limit ended
-// is a kill by SIGKILL with that reason.
+// is a kill by SIGKILL with that reason. The level reports these facts as
+// the engine's Evidence (verdict.go); the engine decides the reason.
 //
 // The tracing has a cost: every write system call is logged, so code that
 // makes many tiny unbuffered writes runs several times slower than under
@@ -90,12 +107,12 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/image"
 	"github.com/moatsandbox/moat/internal/cgroup"
+	"github.com/moatsandbox/moat/internal/engine"
 	"github.com/moatsandbox/moat/internal/owner"
 )
 
@@ -131,21 +148,29 @@ type Config struct {
 	// back to another one by itself.
 	Platform Platform `json:"platform,omitempty"`
 	// StateDir holds runsc's state (its --root, StateDir/runsc) and the
-	// runs' bundles (StateDir/bundles), one directory per run, removed
-	// after it. Zero means /run/moat/gvisor.
+	// runs' bundles (StateDir/bundles), one directory per run or session,
+	// removed after it. Zero means /run/moat/gvisor.
 	StateDir string `json:"state_dir,omitempty"`
 	// RootFS is the root filesystem the code sees, read-only. Zero means
 	// the one package image builds with its default Config (`moat image
-	// build`). It must hold /usr/bin/python3 and an empty /work.
+	// build`). It must hold /usr/bin/python3 and an empty /work; sessions
+	// also need /bin/sh and /bin/sleep.
 	RootFS string `json:"rootfs,omitempty"`
-	// Prestart is how many sandboxes are kept booted ahead of the runs
-	// that will use them. Each is a fresh sandbox with this Config's
-	// limits (runsc, the sentry, and Python waiting for the code on stdin)
-	// that serves exactly one run, so booting gVisor and starting Python
-	// happen off the run's path. They are started after a run, never by New,
-	// and Close kills those still waiting. Zero means 2; -1 means none, so
-	// that every run boots its own sandbox while it waits.
-	Prestart int `json:"prestart,omitempty"`
+	// Warm is how many sandboxes are kept booted ahead of the runs that
+	// will use them, as engine.Config.Warm means: each is a fresh sandbox
+	// with this Config's limits (runsc, the sentry, and Python waiting for
+	// the code on stdin) that serves exactly one run, so that booting
+	// gVisor and starting Python happen off the run's path. Zero means 1;
+	// -1 means none, so that every run boots its own sandbox while it
+	// waits; at most 16. Close kills those still waiting.
+	Warm int `json:"warm,omitempty"`
+	// SessionCPUTime is the most CPU time the runs of one session may use
+	// in all, counted from the session sandbox's host cgroup while each
+	// run is in progress. The run that reaches it ends with
+	// moat.ReasonTimeout; the session's later runs then fail with an
+	// error wrapping moat.ErrSpent, while its files can still be read.
+	// Zero means ten times Limits.CPUTime (100s with the default limits).
+	SessionCPUTime moat.Duration `json:"session_cpu_time,omitempty"`
 	// Logger receives a line per run at debug level and set-up facts at
 	// info level. Nil means discard.
 	Logger *slog.Logger `json:"-"`
@@ -161,8 +186,11 @@ func (c Config) Validate() error {
 	default:
 		return fmt.Errorf("gvisor: unknown platform %q (systrap, ptrace or kvm): %w", c.Platform, moat.ErrInvalid)
 	}
-	if c.Prestart < -1 || c.Prestart > maxPrestart {
-		return fmt.Errorf("gvisor: prestart %d is not between -1 (none) and %d: %w", c.Prestart, maxPrestart, moat.ErrInvalid)
+	if err := engine.ValidateWarm(moat.LevelGVisor, c.Warm); err != nil {
+		return err
+	}
+	if c.SessionCPUTime < 0 {
+		return fmt.Errorf("gvisor: session cpu time %v is negative: %w", c.SessionCPUTime, moat.ErrInvalid)
 	}
 	for name, p := range map[string]string{"runsc": c.Runsc, "state_dir": c.StateDir, "rootfs": c.RootFS} {
 		if p != "" && !filepath.IsAbs(p) {
@@ -171,13 +199,6 @@ func (c Config) Validate() error {
 	}
 	return nil
 }
-
-// DefaultPrestart is how many sandboxes a zero Config.Prestart keeps booted
-// ahead of their runs, and maxPrestart the most Config.Prestart may ask.
-const (
-	DefaultPrestart = 2
-	maxPrestart     = 16
-)
 
 // DefaultStateDir is where runsc's state and the bundles live when
 // Config.StateDir is empty.
@@ -190,8 +211,23 @@ const cgroupParent = "moat-gvisor"
 // owner): one place per machine, like the cgroups they own.
 const ownersDir = "/run/moat/owners"
 
-// Sandbox is the gvisor level. It is safe for concurrent use.
+// Sandbox is the gvisor level: moat's run engine over the level's backend.
+// It is safe for concurrent use. Run, Level, Limits, Close and NewSession
+// are the engine's.
 type Sandbox struct {
+	*engine.Sandbox
+	b *backend
+}
+
+var (
+	_ moat.Sandbox   = (*Sandbox)(nil)
+	_ moat.Sessioner = (*Sandbox)(nil)
+	_ engine.Backend = (*backend)(nil)
+)
+
+// backend is what the level knows of the host, and how it boots a sandbox.
+// It is safe for concurrent use once prepared.
+type backend struct {
 	cfg       Config
 	limits    moat.Limits
 	runsc     string
@@ -199,7 +235,7 @@ type Sandbox struct {
 	platform  Platform
 	rootfs    string
 	runscRoot string // runsc's --root
-	bundles   string // one directory per run
+	bundles   string // one directory per run or session
 	cg        *cgroup.Manager
 	// owner is this process's owner id: the prefix of its runs' ids, which
 	// name their bundles, runsc containers and cgroups.
@@ -207,21 +243,10 @@ type Sandbox struct {
 	notes []string
 	log   *slog.Logger
 
-	prestart int // how many booted sandboxes to keep waiting
-
 	// testFlags are runsc flags that this package's tests add (to make
-	// the sentry panic on a signal); nil otherwise.
+	// the sentry panic on a signal); nil otherwise. Set before any boot.
 	testFlags []string
-
-	mu      sync.Mutex
-	closed  bool
-	runs    sync.WaitGroup
-	waiting []*booted      // booted ahead, oldest first; guarded by mu
-	booting int            // boots in progress for waiting; guarded by mu
-	bg      sync.WaitGroup // those boots
 }
-
-var _ moat.Sandbox = (*Sandbox)(nil)
 
 func unavailable(reason, remedy string, err error) error {
 	return &moat.UnavailableError{Level: moat.LevelGVisor, Reason: reason, Remedy: remedy, Err: err}
@@ -229,11 +254,12 @@ func unavailable(reason, remedy string, err error) error {
 
 // New checks that every protection can be applied here (root, runsc with
 // the platform, the root filesystem, the cgroup controllers), reaps what
-// moat processes that died left behind, and returns the sandbox. It returns
-// an error wrapping moat.ErrUnavailable when something is missing; the
-// error says what to do.
+// moat processes that died left behind, and returns the sandbox, which
+// starts booting Config.Warm sandboxes ahead of runs. It returns an error
+// wrapping moat.ErrUnavailable when something is missing; the error says
+// what to do.
 func New(cfg Config) (*Sandbox, error) {
-	s, err := prepare(context.Background(), cfg)
+	b, err := prepare(context.Background(), cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -241,31 +267,41 @@ func New(cfg Config) (*Sandbox, error) {
 	if err != nil {
 		return nil, unavailable("cannot record this process as an owner in "+ownersDir, "", err)
 	}
-	s.owner = id
-	s.reap()
-	return s, nil
+	b.owner = id
+	b.reap()
+	eng, err := engine.New(engine.Config{
+		Level:  moat.LevelGVisor,
+		Limits: cfg.Limits,
+		Warm:   cfg.Warm,
+		Notes:  b.notes,
+		Logger: b.log,
+	}, b)
+	if err != nil {
+		return nil, err
+	}
+	return &Sandbox{Sandbox: eng, b: b}, nil
 }
 
 // Check says whether a sandbox with cfg can run here, and which runsc,
 // platform and image it would use, without reaping or running anything.
 func Check(ctx context.Context, cfg Config) moat.Availability {
-	s, err := prepare(ctx, cfg)
+	b, err := prepare(ctx, cfg)
 	if err != nil {
 		return moat.Unavailable(moat.LevelGVisor, err)
 	}
 	a := moat.Availability{Level: moat.LevelGVisor, Available: true}
-	a.Details = s.details()
+	a.Details = b.details()
 	return a
 }
 
-func (s *Sandbox) details() []string {
+func (b *backend) details() []string {
 	d := []string{
-		fmt.Sprintf("runsc: %s, version %s", s.runsc, s.info.Version),
-		fmt.Sprintf("platform: %s (runsc has %s)", s.platform, strings.Join(s.info.Platforms, ", ")),
-		"rootfs: " + s.rootfs + " (read-only)",
-		fmt.Sprintf("cgroup: v%d (memory, pids backstop, cpu account)", s.cg.Version()),
+		fmt.Sprintf("runsc: %s, version %s", b.runsc, b.info.Version),
+		fmt.Sprintf("platform: %s (runsc has %s)", b.platform, strings.Join(b.info.Platforms, ", ")),
+		"rootfs: " + b.rootfs + " (read-only)",
+		fmt.Sprintf("cgroup: v%d (memory, pids backstop, cpu account)", b.cg.Version()),
 	}
-	if r, err := readImageRecord(s.rootfs); err == nil {
+	if r, err := readImageRecord(b.rootfs); err == nil {
 		d = append(d, fmt.Sprintf("image: built %s ago, python %s", time.Since(r.BuiltAt).Round(time.Second), r.PythonVersion))
 	}
 	return d
@@ -287,19 +323,13 @@ func readImageRecord(rootfs string) (*image.Record, error) {
 
 // prepare validates cfg and probes the host, creating nothing but moat's
 // own directories.
-func prepare(ctx context.Context, cfg Config) (*Sandbox, error) {
+func prepare(ctx context.Context, cfg Config) (*backend, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Sandbox{cfg: cfg, limits: cfg.Limits.WithDefaults(), log: cfg.Logger, prestart: cfg.Prestart}
-	switch s.prestart {
-	case 0:
-		s.prestart = DefaultPrestart
-	case -1:
-		s.prestart = 0
-	}
-	if s.log == nil {
-		s.log = slog.New(slog.DiscardHandler)
+	b := &backend{cfg: cfg, limits: cfg.Limits.WithDefaults(), log: cfg.Logger}
+	if b.log == nil {
+		b.log = slog.New(slog.DiscardHandler)
 	}
 	if os.Geteuid() != 0 {
 		return nil, unavailable(fmt.Sprintf("not root (uid %d): the gvisor level runs runsc as root and gives each run a cgroup", os.Geteuid()),
@@ -309,34 +339,34 @@ func prepare(ctx context.Context, cfg Config) (*Sandbox, error) {
 	if err != nil {
 		return nil, unavailable("runsc is not installed", "run scripts/setup-gvisor.sh as root (it installs runsc from Debian's packages)", err)
 	}
-	s.runsc = runsc
+	b.runsc = runsc
 	info, err := probeRunsc(ctx, runsc)
 	if err != nil {
 		return nil, unavailable("runsc does not answer", "reinstall it with scripts/setup-gvisor.sh", err)
 	}
-	s.info = info
-	s.platform = cfg.Platform
-	if s.platform == "" {
-		s.platform = PlatformSystrap
+	b.info = info
+	b.platform = cfg.Platform
+	if b.platform == "" {
+		b.platform = PlatformSystrap
 	}
-	if !slices.Contains(info.Platforms, string(s.platform)) {
+	if !slices.Contains(info.Platforms, string(b.platform)) {
 		remedy := "run scripts/setup-gvisor.sh to install a runsc with systrap (Debian 13's), or choose platform ptrace explicitly"
-		if s.platform != PlatformSystrap {
+		if b.platform != PlatformSystrap {
 			remedy = "choose one of: " + strings.Join(info.Platforms, ", ")
 		}
-		return nil, unavailable(fmt.Sprintf("runsc %s has no %s platform (it has %s)", info.Version, s.platform, strings.Join(info.Platforms, ", ")), remedy, nil)
+		return nil, unavailable(fmt.Sprintf("runsc %s has no %s platform (it has %s)", info.Version, b.platform, strings.Join(info.Platforms, ", ")), remedy, nil)
 	}
-	if s.platform == PlatformKVM {
+	if b.platform == PlatformKVM {
 		if _, err := os.Stat("/dev/kvm"); err != nil {
 			return nil, unavailable("the kvm platform needs /dev/kvm", "choose platform systrap", err)
 		}
 	}
 
-	s.rootfs = cfg.RootFS
-	if s.rootfs == "" {
-		s.rootfs = image.Path(image.Config{})
+	b.rootfs = cfg.RootFS
+	if b.rootfs == "" {
+		b.rootfs = image.Path(image.Config{})
 	}
-	if err := checkRootFS(s.rootfs); err != nil {
+	if err := checkRootFS(b.rootfs); err != nil {
 		remedy := "run 'moat image build' (or scripts/setup-gvisor.sh) as root"
 		if cfg.RootFS != "" {
 			remedy = "set rootfs to a root filesystem made by 'moat image build'"
@@ -348,21 +378,21 @@ func prepare(ctx context.Context, cfg Config) (*Sandbox, error) {
 	if err != nil {
 		return nil, unavailable("no usable memory, pids and cpu accounting cgroup controllers", "mount cgroup v2 with memory and pids enabled, or the v1 memory, pids and cpuacct hierarchies", err)
 	}
-	s.cg = cg
+	b.cg = cg
 
 	state := cfg.StateDir
 	if state == "" {
 		state = DefaultStateDir
 	}
-	s.runscRoot = filepath.Join(state, "runsc")
-	s.bundles = filepath.Join(state, "bundles")
-	for _, d := range []string{state, s.runscRoot, s.bundles} {
+	b.runscRoot = filepath.Join(state, "runsc")
+	b.bundles = filepath.Join(state, "bundles")
+	for _, d := range []string{state, b.runscRoot, b.bundles} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, unavailable("cannot create the state directory "+d, "set state_dir to a writable directory", err)
 		}
 	}
-	s.notes = []string{fmt.Sprintf("gvisor: runsc %s, platform %s", info.Version, s.platform)}
-	return s, nil
+	b.notes = []string{fmt.Sprintf("gvisor: runsc %s, platform %s", info.Version, b.platform)}
+	return b, nil
 }
 
 // checkRootFS checks that root looks like the image's root filesystem.
@@ -383,125 +413,42 @@ func checkRootFS(root string) error {
 	return nil
 }
 
-// Level returns moat.LevelGVisor.
-func (s *Sandbox) Level() moat.Level { return moat.LevelGVisor }
-
-// Limits returns the limits every run gets, defaults filled in.
-func (s *Sandbox) Limits() moat.Limits { return s.limits }
-
 // Platform returns the platform the runs use.
-func (s *Sandbox) Platform() Platform { return s.platform }
+func (s *Sandbox) Platform() Platform { return s.b.platform }
 
 // Version returns runsc's version.
-func (s *Sandbox) Version() string { return s.info.Version }
+func (s *Sandbox) Version() string { return s.b.info.Version }
 
-// Close makes later runs fail with moat.ErrClosed, waits for runs in
-// progress, and kills the sandboxes booted ahead. It is safe to call more
-// than once.
-func (s *Sandbox) Close() error {
-	s.mu.Lock()
-	s.closed = true
-	s.mu.Unlock()
-	s.runs.Wait()
-	s.bg.Wait()
-	s.mu.Lock()
-	waiting := s.waiting
-	s.waiting = nil
-	s.mu.Unlock()
-	for _, b := range waiting {
-		b.discard()
-	}
-	return nil
-}
-
-// Run runs req.Code under python3 in a fresh gVisor sandbox; see
-// moat.Sandbox for the contract.
-func (s *Sandbox) Run(ctx context.Context, req moat.Request) (*moat.Result, error) {
-	start := time.Now()
-	if len(req.Code) == 0 {
-		return nil, fmt.Errorf("gvisor: empty code: %w", moat.ErrInvalid)
-	}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil, fmt.Errorf("gvisor: %w", moat.ErrClosed)
-	}
-	s.runs.Add(1)
-	s.mu.Unlock()
-	defer s.runs.Done()
+// Prepare boots a sandbox for one run: see engine.Backend. It returns once
+// runsc is started; the sandbox boots on its own meanwhile.
+func (b *backend) Prepare(ctx context.Context) (engine.Instance, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	b, err := s.take()
+	bt, err := b.boot(newSpec(b.rootfs, image.Python, b.limits))
 	if err != nil {
 		return nil, err
 	}
-	// The next runs' sandboxes boot while this one runs.
-	defer s.refill()
-	return b.use(ctx, req, start)
+	return bt, nil
 }
 
-// take returns a sandbox booted ahead that is still alive, or boots one.
-func (s *Sandbox) take() (*booted, error) {
-	for {
-		s.mu.Lock()
-		if len(s.waiting) == 0 {
-			s.mu.Unlock()
-			return s.boot()
-		}
-		b := s.waiting[0]
-		s.waiting = s.waiting[1:]
-		s.mu.Unlock()
-		if b.alive() {
-			return b, nil
-		}
-		// It died while it waited (killed from outside, out of memory):
-		// it proves nothing about the next one.
-		s.log.Warn("gvisor: a sandbox booted ahead died before its run", "id", b.id, "err", b.waitErr)
-		b.discard()
-	}
-}
-
-// refill boots sandboxes in the background until Prestart of them wait or
-// the sandbox is closed.
-func (s *Sandbox) refill() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for !s.closed && len(s.waiting)+s.booting < s.prestart {
-		s.booting++
-		s.bg.Go(func() {
-			b, err := s.boot()
-			s.mu.Lock()
-			s.booting--
-			keep := err == nil && !s.closed
-			if keep {
-				s.waiting = append(s.waiting, b)
-			}
-			s.mu.Unlock()
-			switch {
-			case err != nil:
-				s.log.Warn("gvisor: booting a sandbox ahead", "err", err)
-			case !keep:
-				// Closed meanwhile: Close waits for this goroutine.
-				b.discard()
-			}
-		})
-	}
-}
+// Close releases nothing: every sandbox is the engine's instance or a
+// session's, and each removes itself.
+func (b *backend) Close() error { return nil }
 
 // reap removes what moat processes that are no longer alive left behind:
 // their sandboxes' processes and cgroups, runsc's state of their
 // containers, and their bundles.
-func (s *Sandbox) reap() {
-	names, err := s.cg.ReapDead(deadOwner)
+func (b *backend) reap() {
+	names, err := b.cg.ReapDead(deadOwner)
 	if len(names) > 0 {
-		s.log.Info("gvisor: reaped leftover cgroups", "groups", names)
+		b.log.Info("gvisor: reaped leftover cgroups", "groups", names)
 	}
 	if err != nil {
-		s.log.Warn("gvisor: reap leftover cgroups", "err", err)
+		b.log.Warn("gvisor: reap leftover cgroups", "err", err)
 	}
 	ids := map[string]bool{}
-	for _, dir := range []string{s.runscRoot, s.bundles} {
+	for _, dir := range []string{b.runscRoot, b.bundles} {
 		entries, _ := os.ReadDir(dir)
 		for _, e := range entries {
 			if id, ok := runID(e.Name()); ok && deadOwner(id) {
@@ -513,13 +460,13 @@ func (s *Sandbox) reap() {
 		// Let runsc tear down what it knows of the container first; its
 		// processes are dead already (the cgroup was killed).
 		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
-		runQuiet(ctx, s.runsc, "--root="+s.runscRoot, "delete", "--force", id)
+		runQuiet(ctx, b.runsc, "--root="+b.runscRoot, "delete", "--force", id)
 		cancel()
-		err := errors.Join(removeState(s.runscRoot, id), os.RemoveAll(filepath.Join(s.bundles, id)))
+		err := errors.Join(removeState(b.runscRoot, id), os.RemoveAll(filepath.Join(b.bundles, id)))
 		if err != nil {
-			s.log.Warn("gvisor: reap leftover container", "id", id, "err", err)
+			b.log.Warn("gvisor: reap leftover container", "id", id, "err", err)
 		} else {
-			s.log.Info("gvisor: reaped leftover container", "id", id)
+			b.log.Info("gvisor: reaped leftover container", "id", id)
 		}
 	}
 }

@@ -260,7 +260,8 @@ os._exit(0)
 // moat asked for: while the code sleeps, the sentry's command line names
 // it (runsc fails rather than choose another).
 func TestSystrap(t *testing.T) {
-	cfg := gvisor.Config{StateDir: t.TempDir()}
+	// No sandbox booted ahead: the one sentry is the run's.
+	cfg := gvisor.Config{StateDir: t.TempDir(), Warm: -1}
 	need(t, cfg)
 	if a := gvisor.Check(context.Background(), cfg); !strings.Contains(strings.Join(a.Details, "\n"), "platform: systrap") {
 		t.Errorf("Check details do not name the systrap platform: %q", a.Details)
@@ -514,11 +515,11 @@ func helperMain() {
 	os.Exit(1)
 }
 
-// TestPrestart checks the sandboxes booted ahead: they wait after a run,
-// one that died while it waited is replaced by a fresh boot, Close kills
-// those that wait, and Prestart -1 boots none.
-func TestPrestart(t *testing.T) {
-	cfg := gvisor.Config{StateDir: t.TempDir(), Prestart: 1}
+// TestWarm checks the sandboxes booted ahead: they wait after a run, one
+// that died while it waited is replaced by a fresh boot, Close kills those
+// that wait, and Warm -1 boots none.
+func TestWarm(t *testing.T) {
+	cfg := gvisor.Config{StateDir: t.TempDir(), Warm: 1}
 	need(t, cfg)
 	sb := newSandbox(t, cfg)
 	if res := run(t, sb, "print(1)"); string(res.Stdout) != "1\n" {
@@ -526,7 +527,7 @@ func TestPrestart(t *testing.T) {
 	}
 	waiting := eventually(t, func() []sentry { return sentries(cfg.StateDir) }, 1)
 	if len(waiting) != 1 {
-		t.Fatalf("after a run with Prestart 1, %d sandboxes wait, want 1", len(waiting))
+		t.Fatalf("after a run with Warm 1, %d sandboxes wait, want 1", len(waiting))
 	}
 	// Killed from outside while it waits (booted by now): once runsc has
 	// noticed, the next run must not use it.
@@ -553,13 +554,13 @@ func TestPrestart(t *testing.T) {
 		t.Errorf("after Close, left on the host:\n\t%s", strings.Join(left, "\n\t"))
 	}
 
-	cold := gvisor.Config{StateDir: t.TempDir(), Prestart: -1}
+	cold := gvisor.Config{StateDir: t.TempDir(), Warm: -1}
 	sb = newSandbox(t, cold)
 	defer sb.Close()
 	run(t, sb, "print(1)")
 	time.Sleep(200 * time.Millisecond)
 	if n := len(sentries(cold.StateDir)); n > 0 {
-		t.Errorf("with Prestart -1, %d sandboxes run after the run ended, want none", n)
+		t.Errorf("with Warm -1, %d sandboxes run after the run ended, want none", n)
 	}
 }
 

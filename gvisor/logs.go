@@ -107,6 +107,17 @@ type sentryFacts struct {
 	exited bool
 	status syscall.WaitStatus
 	last   []string // the sentry's last records that are not traced calls, for errors
+	// refused counts the refusals above, so that a session's run can tell
+	// its own from its predecessors'.
+	refused refusals
+}
+
+// refusals counts the calls the sentry refused, by limit.
+type refusals struct{ pids, fileSize, disk int }
+
+// since is what r refused after before.
+func (r refusals) since(before refusals) (pids, fileSize, disk bool) {
+	return r.pids > before.pids, r.fileSize > before.fileSize, r.disk > before.disk
 }
 
 // sentryEvents gathers sentryFacts from the sentry's log as it comes. It is
@@ -140,10 +151,13 @@ func (e *sentryEvents) record(r logRecord) {
 		case !ok:
 		case cloneCall[name] && errno == syscall.EAGAIN:
 			e.f.pids = true
+			e.f.refused.pids++
 		case errno == syscall.EFBIG:
 			e.f.fileSize = true
+			e.f.refused.fileSize++
 		case errno == syscall.ENOSPC:
 			e.f.disk = true
+			e.f.refused.disk++
 		}
 		return
 	}

@@ -21,25 +21,25 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moatsandbox/moat"
-	"github.com/moatsandbox/moat/image"
-	"github.com/moatsandbox/moat/internal/capture"
 	"github.com/moatsandbox/moat/internal/cgroup"
+	"github.com/moatsandbox/moat/internal/engine"
 )
 
-// booted is one run's sandbox, started: runsc runs in the run's cgroup,
-// and Python, once gVisor has booted, waits for the code on stdin. A booted
-// sandbox serves exactly one run (use) or is thrown away (discard); either
-// way everything of it is removed.
+// booted is one sandbox, started: runsc runs in the sandbox's cgroup, and
+// the spec's process (Python waiting for the code on stdin, for a run; the
+// init of a session) starts once gVisor has booted. A booted sandbox of a
+// run serves exactly one Start, or is thrown away (Discard); either way
+// everything of it is removed.
 type booted struct {
-	s      *Sandbox
+	b      *backend
 	id     string
 	bundle string
 	group  *cgroup.Group
 
 	cmd    *exec.Cmd
-	stdin  *os.File // write end of Python's stdin
-	stdout *os.File // read end of Python's stdout
-	stderr *os.File // read end of Python's stderr
+	stdin  *os.File // write end of the process's stdin
+	stdout *os.File // read end of its stdout
+	stderr *os.File // read end of its stderr
 
 	events  *sentryEvents
 	logDone chan struct{} // closed when the sentry's log reached EOF
@@ -47,12 +47,11 @@ type booted struct {
 	exited  chan struct{} // closed when runsc exited
 	waitErr error         // runsc's exit, once exited is closed
 
-	// killed is set when moat killed the sandbox: the wall time, a
-	// cancellation, a discard.
-	killed atomic.Bool
 	// removed makes remove run once.
 	removed sync.Once
 }
+
+var _ engine.Instance = (*booted)(nil)
 
 // hostPids is the host pids limit of a run's cgroup: a backstop against a
 // runaway sentry, not the task limit. The sentry, the gofer and runsc use
@@ -68,46 +67,46 @@ const joinScript = `n=$1; shift
 while [ "$n" -gt 0 ]; do echo $$ >"$1" || exit 125; shift; n=$((n-1)); done
 exec "$@"`
 
-// boot starts a sandbox for one run. It returns once runsc is started; the
+// boot starts a sandbox with spec. It returns once runsc is started; the
 // sandbox boots on its own while the caller goes on.
-func (s *Sandbox) boot() (_ *booted, err error) {
-	lim := s.limits
+func (b *backend) boot(spec *ociSpec) (_ *booted, err error) {
+	lim := b.limits
 	var rnd [8]byte
 	rand.Read(rnd[:])
-	b := &booted{s: s, id: s.owner + "-" + hex.EncodeToString(rnd[:]), exited: make(chan struct{}), logDone: make(chan struct{})}
+	bt := &booted{b: b, id: b.owner + "-" + hex.EncodeToString(rnd[:]), exited: make(chan struct{}), logDone: make(chan struct{})}
 	defer func() {
 		if err != nil {
-			b.remove()
+			bt.remove()
 		}
 	}()
 
 	// The bundle: config.json and where runsc writes its logs. The sentry's
 	// log goes to a pipe (its "file" is a link to the fd runsc inherits), the
 	// gofer's nowhere, runsc's own to a small file read after the run.
-	b.bundle = filepath.Join(s.bundles, b.id)
-	if err := os.Mkdir(b.bundle, 0o700); err != nil {
+	bt.bundle = filepath.Join(b.bundles, bt.id)
+	if err := os.Mkdir(bt.bundle, 0o700); err != nil {
 		return nil, fmt.Errorf("gvisor: %w", err)
 	}
-	spec, err := json.Marshal(newSpec(s.rootfs, image.Python, lim))
+	specJSON, err := json.Marshal(spec)
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: %w", err)
 	}
-	if err := os.WriteFile(filepath.Join(b.bundle, "config.json"), spec, 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(bt.bundle, "config.json"), specJSON, 0o600); err != nil {
 		return nil, fmt.Errorf("gvisor: %w", err)
 	}
 	for name, target := range map[string]string{"log-boot": "/proc/self/fd/3", "log-gofer": "/dev/null"} {
-		if err := os.Symlink(target, filepath.Join(b.bundle, name)); err != nil {
+		if err := os.Symlink(target, filepath.Join(bt.bundle, name)); err != nil {
 			return nil, fmt.Errorf("gvisor: %w", err)
 		}
 	}
-	b.group, err = s.cg.New(b.id, cgroup.Limits{Memory: int64(lim.Memory), Pids: hostPids(lim.Pids)})
+	bt.group, err = b.cg.New(bt.id, cgroup.Limits{Memory: int64(lim.Memory), Pids: hostPids(lim.Pids)})
 	if err != nil {
-		b.group = nil
-		return nil, unavailable("cannot create the run's cgroup", "", err)
+		bt.group = nil
+		return nil, unavailable("cannot create the sandbox's cgroup", "", err)
 	}
 
-	// Pipes: Python's three streams and the sentry's log. The child's ends
-	// are closed here once it holds them.
+	// Pipes: the process's three streams and the sentry's log. The child's
+	// ends are closed here once it holds them.
 	var files [8]*os.File
 	for i := 0; i < 8; i += 2 {
 		r, w, err := os.Pipe()
@@ -122,11 +121,11 @@ func (s *Sandbox) boot() (_ *booted, err error) {
 	// waiting for moat to read them. Best effort: the default works too.
 	unix.FcntlInt(logW.Fd(), unix.F_SETPIPE_SZ, logPipeSize)
 
-	join := b.group.JoinFiles()
+	join := bt.group.JoinFiles()
 	args := append([]string{"-c", joinScript, "moat-gvisor", strconv.Itoa(len(join))}, join...)
-	args = append(args, s.runsc)
-	args = append(args, b.runscArgs()...)
-	b.cmd = &exec.Cmd{
+	args = append(args, b.runsc)
+	args = append(args, bt.runscArgs()...)
+	bt.cmd = &exec.Cmd{
 		Path:       "/bin/sh",
 		Args:       append([]string{"sh"}, args...),
 		Env:        []string{}, // nothing of moat's environment
@@ -139,32 +138,33 @@ func (s *Sandbox) boot() (_ *booted, err error) {
 		// runsc.
 		SysProcAttr: &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL},
 	}
-	err = b.cmd.Start()
+	err = bt.cmd.Start()
 	closeAll([]*os.File{inR, outW, errW, logW})
 	if err != nil {
 		closeAll([]*os.File{inW, outR, errR, logR})
 		return nil, unavailable("cannot start runsc", "", err)
 	}
-	b.stdin, b.stdout, b.stderr = inW, outR, errR
-	b.events = &sentryEvents{}
+	bt.stdin, bt.stdout, bt.stderr = inW, outR, errR
+	bt.events = &sentryEvents{}
 	go func() {
-		defer close(b.logDone)
+		defer close(bt.logDone)
 		defer logR.Close()
-		b.events.read(logR)
+		bt.events.read(logR)
 	}()
 	go func() {
-		b.waitErr = b.cmd.Wait()
-		close(b.exited)
+		bt.waitErr = bt.cmd.Wait()
+		close(bt.exited)
 	}()
-	return b, nil
+	return bt, nil
 }
 
-// runscArgs is runsc's command line for the run.
-func (b *booted) runscArgs() []string {
-	s := b.s
+// runscArgs is runsc's command line for the sandbox: the flags of every
+// command (the state's root), those that shape the sandbox, and run.
+func (bt *booted) runscArgs() []string {
+	b := bt.b
 	args := []string{
-		"--root=" + s.runscRoot,
-		"--platform=" + string(s.platform),
+		"--root=" + b.runscRoot,
+		"--platform=" + string(b.platform),
 		"--network=none",
 		"--host-uds=none",
 		"--overlay2=none",
@@ -179,22 +179,29 @@ func (b *booted) runscArgs() []string {
 		// Every log as JSON, which the code's text cannot break out of
 		// (logs.go), and the sentry's runtime messages in a file of their
 		// own.
-		"--debug-log=" + filepath.Join(b.bundle, "log-%COMMAND%"),
+		"--debug-log=" + filepath.Join(bt.bundle, "log-%COMMAND%"),
 		"--debug-log-format=json",
-		"--panic-log=" + filepath.Join(b.bundle, "log-panic"),
+		"--panic-log=" + filepath.Join(bt.bundle, "log-panic"),
 	}
-	args = append(args, s.testFlags...)
-	return append(args, "run", "--bundle="+b.bundle, b.id)
+	args = append(args, b.testFlags...)
+	return append(args, "run", "--bundle="+bt.bundle, bt.id)
 }
 
-// alive reports whether runsc still runs.
-func (b *booted) alive() bool {
+// alive reports whether runsc still runs. It asks the kernel too (waitid
+// with WNOWAIT, which leaves the exit to the goroutine that waits for it),
+// so that a runsc that has just exited is not taken for alive while that
+// goroutine has yet to run.
+func (bt *booted) alive() bool {
 	select {
-	case <-b.exited:
+	case <-bt.exited:
 		return false
 	default:
-		return true
 	}
+	var info unix.Siginfo
+	if err := unix.Waitid(unix.P_PID, bt.cmd.Process.Pid, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil); err != nil {
+		return false // reaped meanwhile
+	}
+	return info.Signo == 0 // WNOHANG leaves it zero while the child runs
 }
 
 // logPipeSize is the capacity asked for the sentry's log pipe.
@@ -204,95 +211,135 @@ const logPipeSize = 1 << 20
 // every writer is dead by then, so the pipes are empty soon.
 const streamDrain = 2 * time.Second
 
-// use runs req in the booted sandbox and returns its result. start is when
-// the caller's Run began. The sandbox is gone when use returns.
-func (b *booted) use(ctx context.Context, req moat.Request, start time.Time) (*moat.Result, error) {
-	s, lim := b.s, b.s.limits
-	defer b.remove()
-	runCtx, cancel := context.WithTimeout(ctx, time.Duration(lim.WallTime))
-	defer cancel()
-
-	// The first byte past the output cap ends the run, by the wall timer's
-	// kill: nothing past the cap is passed on.
-	var outOver atomic.Bool
-	over := func() { outOver.Store(true); b.kill() }
-	stdout := capture.New(int64(lim.Output), req.Stdout, over)
-	stderr := capture.New(int64(lim.Output), req.Stderr, over)
-	var copies sync.WaitGroup
-	copies.Go(func() { io.Copy(stdout, b.stdout) })
-	copies.Go(func() { io.Copy(stderr, b.stderr) })
-	// Python reads all of its stdin before it runs anything; a sandbox that
-	// died makes the write fail, and the exit below says why.
-	feed := make(chan struct{})
-	go func() {
-		defer close(feed)
-		b.stdin.Write(req.Code)
-		b.stdin.Close()
-	}()
-
-	base, _ := b.group.CPUUsage()
-	var cpuOver atomic.Bool
-	stop := b.group.WatchCPU(base, time.Duration(lim.CPUTime), func() { b.kill() }, &cpuOver)
-	select {
-	case <-b.exited:
-	case <-runCtx.Done():
-		b.killed.Store(true)
-		b.kill()
-		<-b.exited
+// Start feeds code to the Python waiting in the sandbox, passes its output
+// on, and watches the sandbox's CPU account: see engine.Instance. A sandbox
+// that died while it waited is stale.
+func (bt *booted) Start(ctx context.Context, code []byte, stdout, stderr io.Writer) (engine.Process, error) {
+	if !bt.alive() {
+		// It died while it waited (killed from outside, out of memory): it
+		// proves nothing about the next one.
+		return nil, fmt.Errorf("gvisor: the sandbox booted ahead died before its run (%v): %w: %w", bt.waitErr, engine.ErrStale, moat.ErrUnavailable)
 	}
-	stop()
+	lim := bt.b.limits
+	p := &process{bt: bt, feed: make(chan struct{})}
+	p.copies.Go(func() { io.Copy(stdout, bt.stdout) })
+	p.copies.Go(func() { io.Copy(io.MultiWriter(stderr, &p.tail), bt.stderr) })
+	// Python reads all of its stdin before it runs anything; a sandbox that
+	// died makes the write fail, and Wait says why.
+	go func() {
+		defer close(p.feed)
+		bt.stdin.Write(code)
+		bt.stdin.Close()
+	}()
+	base, _ := bt.group.CPUUsage()
+	p.stopCPU = bt.group.WatchCPU(base, time.Duration(lim.CPUTime), p.killAsync, &p.cpuOver)
+	return p, nil
+}
+
+// process is a run in a booted sandbox.
+type process struct {
+	bt      *booted
+	feed    chan struct{}  // closed once the code is written
+	copies  sync.WaitGroup // the output copies
+	tail    tail           // the end of stderr, for errors
+	stopCPU func()
+	cpuOver atomic.Bool // the CPU watch killed the sandbox
+
+	mu     sync.Mutex
+	killed bool           // Kill was called: the engine ended the run
+	done   bool           // Wait has cleaned up: kills are no-ops
+	kills  sync.WaitGroup // the cgroup kill Kill started
+}
+
+// Kill kills runsc at once and the sandbox's cgroup from a goroutine of
+// its own, so that it returns without waiting, even when called from the
+// output writer.
+func (p *process) Kill() {
+	p.mu.Lock()
+	p.killed = true
+	p.mu.Unlock()
+	p.killAsync()
+}
+
+func (p *process) killAsync() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done {
+		return
+	}
+	if c := p.bt.cmd; c != nil && c.Process != nil {
+		c.Process.Kill()
+	}
+	p.kills.Go(func() { p.bt.group.Kill() })
+}
+
+// Wait waits for runsc's exit, kills what is left of the sandbox, drains
+// the output and the sentry's log, and returns the evidence.
+func (p *process) Wait() (engine.Evidence, error) {
+	bt := p.bt
+	<-bt.exited
+	p.stopCPU()
 	// Whatever runsc left running dies now; then the pipes' writers are
 	// gone.
-	if err := b.kill(); err != nil {
-		return nil, fmt.Errorf("gvisor: %w", err)
+	err := bt.kill()
+	p.mu.Lock()
+	p.done = true
+	p.mu.Unlock()
+	p.kills.Wait()
+	if err != nil {
+		return engine.Evidence{}, fmt.Errorf("gvisor: %w", err)
 	}
-	<-feed
-	if !waitTimeout(&copies, streamDrain) {
-		b.stdout.Close()
-		b.stderr.Close()
-		copies.Wait()
+	<-p.feed
+	if !waitTimeout(&p.copies, streamDrain) {
+		bt.stdout.Close()
+		bt.stderr.Close()
+		p.copies.Wait()
 	}
 	select {
-	case <-b.logDone:
+	case <-bt.logDone:
 	case <-time.After(streamDrain):
-		return nil, fmt.Errorf("gvisor: the sentry's log did not close after the run ended: %w", moat.ErrUnavailable)
+		return engine.Evidence{}, fmt.Errorf("gvisor: the sentry's log did not close after the run ended: %w", moat.ErrUnavailable)
 	}
+	p.mu.Lock()
+	killed := p.killed
+	p.mu.Unlock()
 	ev := evidence{
-		killed:    b.killed.Load(),
-		canceled:  ctx.Err() != nil,
-		cpuOver:   cpuOver.Load(),
-		outOver:   outOver.Load(),
-		cgroup:    b.group.Events(),
-		runscExit: b.cmd.ProcessState.ExitCode(),
-		waitErr:   b.waitErr,
-		sent:      b.events.snapshot(),
-		panicLog:  readPanicLog(filepath.Join(b.bundle, "log-panic")),
-		truncated: stdout.Truncated() || stderr.Truncated(),
-		stderr:    stderr.Bytes(),
+		killed:    killed,
+		cpuOver:   p.cpuOver.Load(),
+		cgroup:    bt.group.Events(),
+		runscExit: bt.cmd.ProcessState.ExitCode(),
+		waitErr:   bt.waitErr,
+		sent:      bt.events.snapshot(),
+		panicLog:  readPanicLog(filepath.Join(bt.bundle, "log-panic")),
+		stderr:    p.tail.bytes(),
 	}
-	runLogBytes, _ := os.ReadFile(filepath.Join(b.bundle, "log-run"))
+	runLogBytes, _ := os.ReadFile(filepath.Join(bt.bundle, "log-run"))
 	ev.run = parseRunLog(runLogBytes)
-	out, err := ev.verdict()
-	if err != nil {
-		return nil, err
+	return ev.judge()
+}
+
+// tail keeps the last bytes written to it.
+type tail struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+const tailSize = 512
+
+func (t *tail) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = append(t.buf, p...)
+	if len(t.buf) > tailSize {
+		t.buf = append(t.buf[:0], t.buf[len(t.buf)-tailSize:]...)
 	}
-	res := &moat.Result{
-		Level:     moat.LevelGVisor,
-		Stdout:    stdout.Bytes(),
-		Stderr:    stderr.Bytes(),
-		Truncated: ev.truncated,
-		ExitCode:  out.exitCode,
-		Reason:    out.reason,
-		Notes:     s.notes,
-	}
-	if out.signal != 0 {
-		res.Signal = unix.SignalName(out.signal)
-	}
-	// The duration counts the clean-up: Run returns only after it.
-	b.remove()
-	res.Duration = time.Since(start)
-	s.log.Debug("gvisor: run", "id", b.id, "duration", res.Duration, "exit", res.ExitCode, "reason", res.Reason)
-	return res, nil
+	return len(p), nil
+}
+
+func (t *tail) bytes() []byte {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return append([]byte(nil), t.buf...)
 }
 
 // waitTimeout waits for wg at most d and reports whether it finished.
@@ -310,60 +357,58 @@ func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
 	}
 }
 
-// kill kills runsc and everything in the run's cgroup: the whole sandbox,
-// whatever state it is in. runsc itself is killed directly too, in case it
-// has not joined the cgroup yet (then it has started nothing).
-func (b *booted) kill() error {
-	if b.cmd != nil && b.cmd.Process != nil {
-		b.cmd.Process.Kill()
+// kill kills runsc and everything in the sandbox's cgroup, whatever state
+// it is in, and waits (bounded) until the cgroup is empty. runsc itself is
+// killed directly too, in case it has not joined the cgroup yet (then it
+// has started nothing).
+func (bt *booted) kill() error {
+	if bt.cmd != nil && bt.cmd.Process != nil {
+		bt.cmd.Process.Kill()
 	}
-	if b.group == nil {
+	if bt.group == nil {
 		return nil
 	}
-	return b.group.Kill()
+	return bt.group.Kill()
 }
 
-// discard ends a sandbox that served no run.
-func (b *booted) discard() {
-	b.killed.Store(true)
-	b.remove()
-}
+// Discard removes the sandbox: see engine.Instance.
+func (bt *booted) Discard() { bt.remove() }
 
 // remove kills whatever of the sandbox still runs and removes everything
 // of it: runsc's state, the cgroup, the bundle. Errors are logged: what
 // fails here is reaped by the next New. It is safe to call more than once.
-func (b *booted) remove() { b.removed.Do(b.removeOnce) }
+func (bt *booted) remove() { bt.removed.Do(bt.removeOnce) }
 
-func (b *booted) removeOnce() {
-	log := b.s.log
-	if err := b.kill(); err != nil {
-		log.Warn("gvisor: cleanup", "id", b.id, "err", err)
+func (bt *booted) removeOnce() {
+	log := bt.b.log
+	if err := bt.kill(); err != nil {
+		log.Warn("gvisor: cleanup", "id", bt.id, "err", err)
 	}
-	if b.cmd != nil && b.cmd.Process != nil {
-		<-b.exited
+	if bt.cmd != nil && bt.cmd.Process != nil {
+		<-bt.exited
 		// Bounded: if the kill left a holder of the log pipe, clean-up
 		// goes on and the reader ends when that holder does.
 		select {
-		case <-b.logDone:
+		case <-bt.logDone:
 		case <-time.After(streamDrain):
-			log.Warn("gvisor: cleanup: the sentry's log is still open", "id", b.id)
+			log.Warn("gvisor: cleanup: the sentry's log is still open", "id", bt.id)
 		}
-		closeAll([]*os.File{b.stdin, b.stdout, b.stderr})
+		closeAll([]*os.File{bt.stdin, bt.stdout, bt.stderr})
 		// runsc removes its state when it ends by itself; when it was
-		// killed, its files (all named after the run's id) are still
+		// killed, its files (all named after the sandbox's id) are still
 		// there, and nothing of the sandbox runs any more to need them.
-		if err := removeState(b.s.runscRoot, b.id); err != nil {
-			log.Warn("gvisor: cleanup", "id", b.id, "err", err)
+		if err := removeState(bt.b.runscRoot, bt.id); err != nil {
+			log.Warn("gvisor: cleanup", "id", bt.id, "err", err)
 		}
 	}
-	if b.group != nil {
-		if err := b.group.Remove(); err != nil {
-			log.Warn("gvisor: cleanup", "id", b.id, "err", err)
+	if bt.group != nil {
+		if err := bt.group.Remove(); err != nil {
+			log.Warn("gvisor: cleanup", "id", bt.id, "err", err)
 		}
 	}
-	if b.bundle != "" {
-		if err := os.RemoveAll(b.bundle); err != nil {
-			log.Warn("gvisor: cleanup", "id", b.id, "err", err)
+	if bt.bundle != "" {
+		if err := os.RemoveAll(bt.bundle); err != nil {
+			log.Warn("gvisor: cleanup", "id", bt.id, "err", err)
 		}
 	}
 }

@@ -94,10 +94,14 @@ const (
 // The writable places of a run and their share of Limits.Disk, as in the
 // container level: the working directory, /tmp and /dev/shm are separate
 // tmpfs mounts inside the sandbox's kernel whose sizes add up to the disk
-// limit.
+// limit. A session's files are its working directory's, so there it gets
+// almost all of the disk.
 const (
 	tmpShare = 4  // /tmp gets Disk/4
 	shmShare = 16 // /dev/shm gets Disk/16; the working directory the rest
+
+	sessionTmpShare = 16 // in a session, /tmp gets Disk/16
+	sessionShmShare = 64 // and /dev/shm Disk/64
 )
 
 // tmpfsMount is one size-limited tmpfs of a run.
@@ -108,7 +112,11 @@ type tmpfsMount struct {
 }
 
 // writable returns the run's tmpfs mounts for the disk limit.
-func writable(disk moat.Bytes) []tmpfsMount {
+func writable(disk moat.Bytes) []tmpfsMount { return writableShares(disk, tmpShare, shmShare) }
+
+// writableShares returns the tmpfs mounts with /tmp and /dev/shm given
+// Disk/tmpShare and Disk/shmShare, and the working directory the rest.
+func writableShares(disk moat.Bytes, tmpShare, shmShare int64) []tmpfsMount {
 	d := int64(disk)
 	shm := pageRound(d / shmShare)
 	tmp := pageRound(d / tmpShare)
@@ -139,13 +147,18 @@ func pageRound(n int64) int64 {
 // shows as one, and when it exits gVisor kills every other task of the
 // container.
 func newSpec(rootfs, python string, l moat.Limits) *ociSpec {
+	return specWith(rootfs, python, l, writable(l.Disk))
+}
+
+// specWith is newSpec with the given writable places.
+func specWith(rootfs, python string, l moat.Limits, places []tmpfsMount) *ociSpec {
 	cpu := uint64(max(time.Duration(l.CPUTime).Seconds(), 1))
 	rl := func(typ string, soft, hard uint64) ociRlimit { return ociRlimit{Type: typ, Soft: soft, Hard: hard} }
 	mounts := []ociMount{
 		{Destination: "/proc", Type: "proc", Source: "proc"},
 		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"mode=0755"}},
 	}
-	for _, m := range writable(l.Disk) {
+	for _, m := range places {
 		mounts = append(mounts, ociMount{
 			Destination: m.path, Type: "tmpfs", Source: "tmpfs",
 			Options: []string{"rw", "noexec", fmt.Sprintf("size=%d", m.size), "mode=" + m.mode,

@@ -11,19 +11,18 @@ import (
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/internal/cgroup"
+	"github.com/moatsandbox/moat/internal/engine"
 )
 
-// evidence is what moat knows about how a run ended, all of it from
-// outside the code: moat's own timers, the host cgroup's counters, runsc's
-// exit as the host kernel reports it, and the records runsc and the sentry
-// logged (which the code cannot write; see logs.go). The code's output is
-// here only to quote in errors.
+// evidence is what the level knows about how a run ended, all of it from
+// outside the code: whether moat killed the sandbox, the host cgroup's
+// counters, runsc's exit as the host kernel reports it, and the records
+// runsc and the sentry logged (which the code cannot write; see logs.go).
+// The code's stderr is here only to quote in errors.
 type evidence struct {
-	killed   bool // moat killed the sandbox: the wall time, a cancellation
-	canceled bool // the run's context was done
-	cpuOver  bool // the cgroup's CPU account passed the limit, and moat killed the sandbox
-	outOver  bool // the output passed Limits.Output, and moat killed the sandbox
-	cgroup   cgroup.Events
+	killed  bool // the engine killed the sandbox (Process.Kill): the wall time, a cancellation, the output cap
+	cpuOver bool // the cgroup's CPU account passed the limit, and moat killed the sandbox
+	cgroup  cgroup.Events
 	// runscExit is runsc's exit code as the host kernel reports it, -1
 	// when runsc did not exit by itself: runsc exits with the container's
 	// exit code, or 128 plus its signal. waitErr is how it ended, for
@@ -34,67 +33,42 @@ type evidence struct {
 	sent      sentryFacts // the sentry's log
 	// panicLog is the start of what the sentry's Go runtime wrote
 	// (--panic-log): a panic, a fatal error. Empty when it wrote nothing.
-	panicLog  []byte
-	truncated bool   // the output went past Limits.Output
-	stderr    []byte // the code's stderr, for errors
+	panicLog []byte
+	stderr   []byte // the end of the code's stderr (runsc's own lands there too), for errors
 }
 
-// outcome is how the code's run ended, for moat.Result.
-type outcome struct {
-	exitCode int
-	signal   syscall.Signal // 0 when the code exited by itself
-	reason   moat.Reason
-}
-
-// verdict turns the evidence into the run's outcome, or into an error
-// wrapping moat.ErrUnavailable when the sandbox itself failed.
+// judge turns the evidence into the engine's Evidence, or into an error
+// wrapping moat.ErrUnavailable when the sandbox itself failed; the engine
+// adds its own facts and decides the reason.
 //
-// The container's wait status counts only when the sentry reported it: the
-// sentry logged its own end with that status, runsc run logged the same,
-// runsc's exit code as the host kernel saw it matches, and the sentry's
-// runtime wrote nothing. A sentry that panicked, crashed or was killed
-// does none of this: runsc then reports the sentry's own exit status
-// instead, which is not the code's. When moat or a host limit (the
-// cgroup's memory or pids) ended the sandbox, the code was killed; when
-// nothing of moat's did, the sandbox failed, and the run is an error.
-func (ev evidence) verdict() (outcome, error) {
-	var out outcome
-	byUs := ev.killed || ev.cpuOver || ev.outOver
+// The container's wait status counts (Exited) only when the sentry
+// reported it: the sentry logged its own end with that status, runsc run
+// logged the same, runsc's exit code as the host kernel saw it matches,
+// and the sentry's runtime wrote nothing; and only when nothing of moat's
+// killed the sandbox. A sentry that panicked, crashed or was killed does
+// none of this: runsc then reports the sentry's own exit status instead,
+// which is not the code's. When moat or a host limit (the cgroup's memory
+// or pids) ended the sandbox, the code was killed; when nothing of those
+// did, the sandbox failed, and the run is an error.
+func (ev evidence) judge() (engine.Evidence, error) {
+	byUs := ev.killed || ev.cpuOver
 	hostLimit := ev.cgroup.OOMKill || ev.cgroup.PidsMax
 	st := ev.run.status
 	reported := ev.run.exited && ev.sent.exited && ev.sent.status == st &&
 		len(ev.panicLog) == 0 && ev.runscExit == exitCode(st)
 	if !reported && !byUs && !hostLimit {
-		return out, ev.failure()
+		return engine.Evidence{}, ev.failure()
 	}
-	switch {
-	case byUs || !reported:
-		out.signal = syscall.SIGKILL
-	case st.Signaled():
-		out.signal = st.Signal()
-	default:
-		out.exitCode = st.ExitStatus()
+	out := engine.Evidence{
+		Exited:   reported && !byUs,
+		CPUTime:  ev.cpuOver,
+		Memory:   ev.cgroup.OOMKill,
+		Pids:     ev.cgroup.PidsMax || ev.sent.pids,
+		FileSize: ev.sent.fileSize,
+		Disk:     ev.sent.disk,
 	}
-	if out.signal != 0 {
-		out.exitCode = 128 + int(out.signal)
-	}
-	switch {
-	case ev.killed && ev.canceled:
-		out.reason = moat.ReasonCanceled
-	case ev.killed || ev.cpuOver || out.signal == syscall.SIGXCPU:
-		out.reason = moat.ReasonTimeout
-	case ev.cgroup.OOMKill:
-		out.reason = moat.ReasonMemory
-	case ev.cgroup.PidsMax || ev.sent.pids:
-		out.reason = moat.ReasonPids
-	case ev.sent.fileSize:
-		out.reason = moat.ReasonFileSize
-	case ev.sent.disk:
-		out.reason = moat.ReasonDisk
-	case ev.outOver || ev.truncated:
-		out.reason = moat.ReasonOutput
-	case out.signal != 0:
-		out.reason = moat.ReasonSignal
+	if out.Exited {
+		out.Status = st
 	}
 	return out, nil
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/internal/cgroup"
+	"github.com/moatsandbox/moat/internal/engine"
 )
 
 // exited is the evidence of a run whose sentry reported the container's
@@ -20,6 +21,9 @@ func exited(ws syscall.WaitStatus) evidence {
 	}
 }
 
+// TestVerdict checks the level's evidence through the engine's verdict:
+// what the sentry reported, what moat and the host limits did, and when the
+// run is an error instead.
 func TestVerdict(t *testing.T) {
 	const (
 		exit0   = syscall.WaitStatus(0)
@@ -41,49 +45,60 @@ func TestVerdict(t *testing.T) {
 	// A sentry killed by a SIGKILL from outside: no panic, no end of its
 	// own, and runsc reports the sentry's death.
 	killedOutside := evidence{runscExit: 137, run: runLog{exited: true, status: sigkill}}
+	// The engine's own facts: what it killed the run for, and the output
+	// cap.
+	type engineFacts struct{ wall, canceled, output bool }
+	wall := engineFacts{wall: true}
 	for _, c := range []struct {
 		name string
 		ev   evidence
-		want outcome
+		eng  engineFacts
+		want engine.Verdict
 		err  string // part of the error, when the run must fail
 	}{
-		{"exit 0", exited(exit0), outcome{}, ""},
-		{"exit 3", exited(exit3), outcome{exitCode: 3}, ""},
-		{"exit 137, not a signal", exited(exit137), outcome{exitCode: 137}, ""},
-		{"SIGSEGV", exited(sigsegv), outcome{exitCode: 139, signal: syscall.SIGSEGV, reason: moat.ReasonSignal}, ""},
-		{"SIGXCPU", exited(sigxcpu), outcome{exitCode: 128 + int(syscall.SIGXCPU), signal: syscall.SIGXCPU, reason: moat.ReasonTimeout}, ""},
-		{"wall time", with(evidence{runscExit: -1}, func(e *evidence) { e.killed = true }), outcome{exitCode: 137, signal: syscall.SIGKILL, reason: moat.ReasonTimeout}, ""},
-		{"canceled", with(evidence{runscExit: -1}, func(e *evidence) { e.killed, e.canceled = true, true }), outcome{exitCode: 137, signal: syscall.SIGKILL, reason: moat.ReasonCanceled}, ""},
-		{"cpu time", with(exited(exit0), func(e *evidence) { e.cpuOver = true }), outcome{exitCode: 137, signal: syscall.SIGKILL, reason: moat.ReasonTimeout}, ""},
-		{"output cap", with(exited(exit0), func(e *evidence) { e.outOver, e.truncated = true, true }), outcome{exitCode: 137, signal: syscall.SIGKILL, reason: moat.ReasonOutput}, ""},
-		{"output cap, sandbox gone", with(evidence{runscExit: -1}, func(e *evidence) { e.outOver, e.truncated = true, true }), outcome{exitCode: 137, signal: syscall.SIGKILL, reason: moat.ReasonOutput}, ""},
-		{"cgroup oom, sentry killed", with(killedOutside, func(e *evidence) { e.cgroup.OOMKill = true }), outcome{exitCode: 137, signal: syscall.SIGKILL, reason: moat.ReasonMemory}, ""},
-		{"cgroup oom, code's exit reported", with(exited(exit3), func(e *evidence) { e.cgroup.OOMKill = true }), outcome{exitCode: 3, reason: moat.ReasonMemory}, ""},
-		{"host pids limit, sentry panicked", with(panicked, func(e *evidence) { e.cgroup = cgroup.Events{PidsMax: true} }), outcome{exitCode: 137, signal: syscall.SIGKILL, reason: moat.ReasonPids}, ""},
-		{"task limit", with(exited(exit0), func(e *evidence) { e.sent.pids = true }), outcome{reason: moat.ReasonPids}, ""},
-		{"file size", with(exited(exit0), func(e *evidence) { e.sent.fileSize = true }), outcome{reason: moat.ReasonFileSize}, ""},
-		{"disk", with(exited(exit0), func(e *evidence) { e.sent.disk = true }), outcome{reason: moat.ReasonDisk}, ""},
-		{"output", with(exited(exit0), func(e *evidence) { e.truncated = true }), outcome{reason: moat.ReasonOutput}, ""},
-		{"memory before pids", with(exited(exit0), func(e *evidence) { e.cgroup.OOMKill, e.sent.pids = true, true }), outcome{reason: moat.ReasonMemory}, ""},
+		{"exit 0", exited(exit0), engineFacts{}, engine.Verdict{}, ""},
+		{"exit 3", exited(exit3), engineFacts{}, engine.Verdict{ExitCode: 3}, ""},
+		{"exit 137, not a signal", exited(exit137), engineFacts{}, engine.Verdict{ExitCode: 137}, ""},
+		{"SIGSEGV", exited(sigsegv), engineFacts{}, engine.Verdict{ExitCode: 139, Signal: syscall.SIGSEGV, Reason: moat.ReasonSignal}, ""},
+		{"SIGXCPU", exited(sigxcpu), engineFacts{}, engine.Verdict{ExitCode: 128 + int(syscall.SIGXCPU), Signal: syscall.SIGXCPU, Reason: moat.ReasonTimeout}, ""},
+		{"wall time", with(evidence{runscExit: -1}, func(e *evidence) { e.killed = true }), wall, engine.Verdict{ExitCode: 137, Signal: syscall.SIGKILL, Reason: moat.ReasonTimeout}, ""},
+		{"wall time, the sentry's exit reported meanwhile", with(exited(exit0), func(e *evidence) { e.killed = true }), wall, engine.Verdict{ExitCode: 137, Signal: syscall.SIGKILL, Reason: moat.ReasonTimeout}, ""},
+		{"canceled", with(evidence{runscExit: -1}, func(e *evidence) { e.killed = true }), engineFacts{canceled: true}, engine.Verdict{ExitCode: 137, Signal: syscall.SIGKILL, Reason: moat.ReasonCanceled}, ""},
+		{"cpu time", with(exited(exit0), func(e *evidence) { e.cpuOver = true }), engineFacts{}, engine.Verdict{ExitCode: 137, Signal: syscall.SIGKILL, Reason: moat.ReasonTimeout}, ""},
+		{"cpu time, sandbox gone", with(evidence{runscExit: -1}, func(e *evidence) { e.cpuOver = true }), engineFacts{}, engine.Verdict{ExitCode: 137, Signal: syscall.SIGKILL, Reason: moat.ReasonTimeout}, ""},
+		{"output cap", with(exited(exit0), func(e *evidence) { e.killed = true }), engineFacts{output: true}, engine.Verdict{ExitCode: 137, Signal: syscall.SIGKILL, Reason: moat.ReasonOutput}, ""},
+		{"output cap, sandbox gone", with(evidence{runscExit: -1}, func(e *evidence) { e.killed = true }), engineFacts{output: true}, engine.Verdict{ExitCode: 137, Signal: syscall.SIGKILL, Reason: moat.ReasonOutput}, ""},
+		{"cgroup oom, sentry killed", with(killedOutside, func(e *evidence) { e.cgroup.OOMKill = true }), engineFacts{}, engine.Verdict{ExitCode: 137, Signal: syscall.SIGKILL, Reason: moat.ReasonMemory}, ""},
+		{"cgroup oom, code's exit reported", with(exited(exit3), func(e *evidence) { e.cgroup.OOMKill = true }), engineFacts{}, engine.Verdict{ExitCode: 3, Reason: moat.ReasonMemory}, ""},
+		{"host pids limit, sentry panicked", with(panicked, func(e *evidence) { e.cgroup = cgroup.Events{PidsMax: true} }), engineFacts{}, engine.Verdict{ExitCode: 137, Signal: syscall.SIGKILL, Reason: moat.ReasonPids}, ""},
+		{"task limit", with(exited(exit0), func(e *evidence) { e.sent.pids = true }), engineFacts{}, engine.Verdict{Reason: moat.ReasonPids}, ""},
+		{"file size", with(exited(exit0), func(e *evidence) { e.sent.fileSize = true }), engineFacts{}, engine.Verdict{Reason: moat.ReasonFileSize}, ""},
+		{"disk", with(exited(exit0), func(e *evidence) { e.sent.disk = true }), engineFacts{}, engine.Verdict{Reason: moat.ReasonDisk}, ""},
+		{"output", exited(exit0), engineFacts{output: true}, engine.Verdict{ExitCode: 137, Signal: syscall.SIGKILL, Reason: moat.ReasonOutput}, ""},
+		{"memory before pids", with(exited(exit0), func(e *evidence) { e.cgroup.OOMKill, e.sent.pids = true, true }), engineFacts{}, engine.Verdict{Reason: moat.ReasonMemory}, ""},
 
-		{"sentry panicked", panicked, outcome{}, "the sentry crashed: panic: Signal-induced panic"},
-		{"sentry killed from outside", killedOutside, outcome{}, "the sentry ended without reporting"},
-		{"runsc failed", evidence{runscExit: 128, run: runLog{fatal: "creating container: cannot create sandbox"}}, outcome{}, "runsc failed, nothing ran"},
-		{"runsc killed", evidence{runscExit: -1}, outcome{}, "without the container's status"},
-		{"runtime wrote to the panic log", with(exited(exit0), func(e *evidence) { e.panicLog = []byte("fatal error: x") }), outcome{}, "the sentry crashed"},
-		{"runsc's exit code disagrees", with(exited(exit0), func(e *evidence) { e.runscExit = 1 }), outcome{}, "disagree"},
-		{"the sentry's status disagrees", with(exited(exit0), func(e *evidence) { e.sent.status = exit3 }), outcome{}, "disagree"},
+		{"sentry panicked", panicked, engineFacts{}, engine.Verdict{}, "the sentry crashed: panic: Signal-induced panic"},
+		{"sentry killed from outside", killedOutside, engineFacts{}, engine.Verdict{}, "the sentry ended without reporting"},
+		{"runsc failed", evidence{runscExit: 128, run: runLog{fatal: "creating container: cannot create sandbox"}}, engineFacts{}, engine.Verdict{}, "runsc failed, nothing ran"},
+		{"runsc killed", evidence{runscExit: -1}, engineFacts{}, engine.Verdict{}, "without the container's status"},
+		{"runtime wrote to the panic log", with(exited(exit0), func(e *evidence) { e.panicLog = []byte("fatal error: x") }), engineFacts{}, engine.Verdict{}, "the sentry crashed"},
+		{"runsc's exit code disagrees", with(exited(exit0), func(e *evidence) { e.runscExit = 1 }), engineFacts{}, engine.Verdict{}, "disagree"},
+		{"the sentry's status disagrees", with(exited(exit0), func(e *evidence) { e.sent.status = exit3 }), engineFacts{}, engine.Verdict{}, "disagree"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			got, err := c.ev.verdict()
+			ev, err := c.ev.judge()
 			if c.err != "" {
 				if !errors.Is(err, moat.ErrUnavailable) || !strings.Contains(err.Error(), c.err) {
-					t.Errorf("verdict = %+v, %v; want an error wrapping ErrUnavailable with %q", got, err, c.err)
+					t.Errorf("judge = %+v, %v; want an error wrapping ErrUnavailable with %q", ev, err, c.err)
 				}
 				return
 			}
-			if err != nil || got != c.want {
-				t.Errorf("verdict = %+v, %v; want %+v", got, err, c.want)
+			if err != nil {
+				t.Fatalf("judge: %v", err)
+			}
+			ev.WallTime, ev.Canceled, ev.Output = c.eng.wall, c.eng.canceled, c.eng.output
+			if got := engine.Judge(ev); got != c.want {
+				t.Errorf("verdict of %+v = %+v, want %+v", ev, got, c.want)
 			}
 		})
 	}

@@ -1,39 +1,37 @@
 package subprocess
 
-import (
-	"context"
-	"time"
-)
+import "time"
 
-// Hooks for the external tests.
+// Hooks for the external tests. They are meant for the time between runs.
+
+// current returns the session's live interpreter, if any.
+func (ss *session) current() *interpreter {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.interp
+}
 
 // InterpreterCPU returns the CPU time the session's live interpreter has
 // used so far, read from its cgroup's account, and false when it has none.
-func (ss *Session) InterpreterCPU() (time.Duration, bool, error) {
-	if err := ss.acquire(context.Background()); err != nil {
-		return 0, false, err
-	}
-	defer ss.release()
-	if ss.interp == nil || ss.interp.group == nil {
+func (s *Session) InterpreterCPU() (time.Duration, bool, error) {
+	in := s.inst.current()
+	if in == nil || in.group == nil {
 		return 0, false, nil
 	}
-	used, err := ss.interp.group.CPUUsage()
+	used, err := in.group.CPUUsage()
 	return used, true, err
 }
 
 // InterpreterFrozen reports whether the cgroup of the session's live
 // interpreter is frozen.
-func (ss *Session) InterpreterFrozen() (bool, error) {
-	if err := ss.acquire(context.Background()); err != nil {
-		return false, err
-	}
-	defer ss.release()
-	if ss.interp == nil || ss.interp.group == nil {
+func (s *Session) InterpreterFrozen() (bool, error) {
+	in := s.inst.current()
+	if in == nil || in.group == nil {
 		return false, nil
 	}
-	return ss.interp.group.Frozen()
+	return in.group.Frozen()
 }
 
 // WithoutFreezer makes the sandbox behave as on a host without a cgroup
-// freezer.
-func (s *Sandbox) WithoutFreezer() { s.cg = s.cg.WithoutFreezer() }
+// freezer. Call it before the first session.
+func (s *Sandbox) WithoutFreezer() { s.b.cg = s.b.cg.WithoutFreezer() }

@@ -160,7 +160,7 @@ func helperMain() int {
 	// python3, forked above, keeps the default OOM score; the helper, which
 	// is in the run's memory cgroup too, steps out of the OOM killer's way
 	// so that it is the code that gets killed, not its reporter. If this
-	// fails, the run still ends as a memory result (see run.exec).
+	// fails, the run still ends as a memory result (see process.evidence).
 	if os.Geteuid() == 0 {
 		os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0)
 	}

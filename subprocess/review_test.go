@@ -19,7 +19,7 @@ import (
 )
 
 // Tests from a hostile review of the run's own root (root.go) and network
-// namespace (warm.go). Each probe runs on the host first, where it must get
+// namespace (helperproc.go). Each probe runs on the host first, where it must get
 // through, or it proves nothing.
 
 // boundScratch makes a fresh directory under /usr (one of the directories

@@ -21,7 +21,7 @@ import (
 // PID namespace. Nothing else of the host (its /run, /tmp, /var, /home, /dev,
 // /sys, the other runs' directories, any socket file anywhere) exists there
 // by any name, so no path can reach it, whatever Landlock's ABI governs.
-// Together with the network namespace every helper gets (warm.go), which
+// Together with the network namespace every helper gets (helperproc.go), which
 // holds only a loopback that is down, abstract unix names and the host's
 // interfaces are out of reach too.
 

@@ -4,14 +4,10 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
-	"path"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -20,23 +16,33 @@ import (
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/internal/cgroup"
+	"github.com/moatsandbox/moat/internal/engine"
 	"github.com/moatsandbox/moat/internal/uidpool"
 )
 
 // Sessions.
 //
 // A session keeps, for its whole life, a working directory under the runs
-// directory named "<owner pid>-s<id>" (so that New's reaper removes it once
+// directory named "<owner id>-s<id>" (so that New's reaper removes it once
 // its owner is dead), mounted as a tmpfs of the disk limit, and the lease of
 // one sandbox uid. Each Run goes through the same hardened path as a one-shot
-// run — helper as PID 1 of a fresh PID namespace, a fresh cgroup, rlimits,
-// no_new_privs, Landlock granting read-write only to the session's directory,
-// seccomp — with that directory as working directory and HOME.
+// run — a fresh helper as PID 1 of a fresh PID namespace, a fresh cgroup,
+// rlimits, no_new_privs, Landlock granting read-write only to the session's
+// directory, seccomp — with that directory as working directory and HOME,
+// and the same evidence (evidence.go). Between runs nothing of a session
+// without an interpreter runs: its helper and cgroup end with each run.
+//
+// The engine (internal/engine) serializes the runs, checks the file names,
+// judges each run and refuses runs once the session's CPU budget is spent;
+// this file and interpreter*.go are its instance. The session as a whole
+// has the disk limit (its tmpfs); each run has the memory and process
+// limits, and so has an interpreter for its life.
 //
 // With SessionOptions.Interpreter, a python3 started through the same helper
 // path stays alive between runs, driven by a small driver
 // (interpreter_driver.py) that reads code on a socket and runs it with
-// exec() in one persistent globals dictionary (see interpreter.go). Its
+// exec() in one persistent globals dictionary (see interpreter.go and
+// interpreter_run.go). Its
 // specifics:
 //
 //   - The interpreter has one cgroup for its life: the memory and process
@@ -51,13 +57,15 @@ import (
 //     CPU over the session's life, counted from their cgroups, runs and the
 //     time between them alike. The run that reaches it ends with
 //     moat.ReasonTimeout, like one that reaches its own CPU limit; then the
-//     session is spent: later Runs fail with an error wrapping
-//     moat.ErrSpent, while its files can still be read, until Close.
+//     session is spent (engine.Evidence.Spent): later Runs fail with an
+//     error wrapping moat.ErrSpent, while its files can still be read,
+//     until Close.
 //   - A run that times out, is cancelled, hits the CPU, memory or process
 //     limit, or writes past the output cap ends the interpreter (the wall
 //     timeout and the output cap kill its whole PID namespace); the next run
 //     starts a fresh one, with the files still there and the variables gone.
-//     Both runs say so in their Result.Notes: the one that ended the
+//     Both runs say so in their Result.Notes (engine.Evidence.Notes; the
+//     engine says why it ended a run through engine.Ender): the one that ended the
 //     interpreter ("interpreter ended by this run's timeout: ...") and the
 //     one that started the next ("interpreter restarted: the previous one
 //     was ended by its run's timeout; variables from earlier runs are
@@ -69,60 +77,43 @@ import (
 //     becomes a later run's result; but the code shares the driver's process
 //     and can change what later runs do and report. See interpreter.go.
 
-// NewSession returns a session with a private working directory that lives
-// until Close; see moat.Session. ctx bounds only the creation.
-func (s *Sandbox) NewSession(ctx context.Context, opts moat.SessionOptions) (moat.Session, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil, fmt.Errorf("subprocess: %w", moat.ErrClosed)
-	}
-	s.mu.Unlock()
-	if opts.Interpreter && s.strict {
-		if err := s.cg.Freezer(); err != nil {
-			return nil, errNoFreezer(err)
-		}
-	}
-	var rnd [8]byte
-	rand.Read(rnd[:])
-	ss := &Session{
-		s:    s,
-		id:   s.owner + "-s" + hex.EncodeToString(rnd[:]),
-		opts: opts,
-		sem:  make(chan struct{}, 1),
-		done: make(chan struct{}),
-	}
-	ss.dir = s.runsDir + "/" + ss.id
-	if err := ss.create(); err != nil {
-		ss.remove()
-		return nil, err
-	}
-	s.log.Debug("subprocess: session created", "session", ss.id, "interpreter", opts.Interpreter)
-	return ss, nil
+// Session is a subprocess session: the engine's session (see moat.Session)
+// over this level's instance. Runs take turns; file operations may go on
+// during a run.
+type Session struct {
+	*engine.Session
+	inst *session
 }
 
-var _ moat.Sessioner = (*Sandbox)(nil)
+var _ moat.Session = (*Session)(nil)
 
-// Session is a subprocess session; see moat.Session for the contract. Its
-// methods are safe for concurrent use: runs and file operations take turns.
-type Session struct {
-	s    *Sandbox
-	id   string
-	dir  string
-	opts moat.SessionOptions
+// ID names the session. It is also the name of its working directory.
+func (s *Session) ID() string { return s.inst.id }
 
-	// sem is held by the run or file operation in progress.
-	sem chan struct{}
-	// done is closed by Close.
-	done chan struct{}
+// Dir is the session's working directory on the host.
+func (s *Session) Dir() string { return s.inst.dir }
 
-	// Guarded by sem.
-	lease   *uidpool.Lease
+// session is one session's instance; see engine.SessionInstance.
+type session struct {
+	b       *backend
+	id      string
+	dir     string
+	opts    moat.SessionOptions
+	lease   *uidpool.Lease // strict only
 	mounted bool
-	interp  *interpreter
+
+	mu     sync.Mutex // guards the fields below
+	closed bool
+	done   chan struct{}  // closed by Close
+	cur    engine.Process // the run in progress, once started
+	idle   chan struct{}  // while a run is in progress; closed when its Wait ends
+	ops    sync.WaitGroup // file operations in progress
+	// interp is the live interpreter, if any: written under mu by the run
+	// in progress (and Close, after it), which alone reads it without.
+	interp *interpreter
+
+	// Used by the run in progress only, and by Close after it.
+
 	// cpuUsed is the CPU time of the session's interpreters that have
 	// ended; cpuSpent is set once they have used the session's budget.
 	cpuUsed  time.Duration
@@ -131,34 +122,45 @@ type Session struct {
 	// for whose run ("its run's timeout"), until the run that starts the
 	// next one has said so in its notes.
 	ended string
-
-	mu        sync.Mutex
-	closed    bool
-	cancelRun context.CancelFunc // of the run in progress, if any
 }
 
-var _ moat.Session = (*Session)(nil)
+// NewSession makes a session's directory and leases its uid; see
+// engine.SessionBackend.
+func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (engine.SessionInstance, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if opts.Interpreter && b.strict {
+		if err := b.cg.Freezer(); err != nil {
+			return nil, errNoFreezer(err)
+		}
+	}
+	var rnd [8]byte
+	rand.Read(rnd[:])
+	ss := &session{b: b, id: b.owner + "-s" + hex.EncodeToString(rnd[:]), opts: opts, done: make(chan struct{})}
+	ss.dir = b.runsDir + "/" + ss.id
+	if err := ss.create(); err != nil {
+		ss.remove()
+		return nil, err
+	}
+	b.log.Debug("subprocess: session created", "session", ss.id, "interpreter", opts.Interpreter)
+	return ss, nil
+}
 
-// ID names the session. It is also the name of its working directory.
-func (ss *Session) ID() string { return ss.id }
-
-// Dir is the session's working directory on the host.
-func (ss *Session) Dir() string { return ss.dir }
-
-func (ss *Session) create() error {
-	s := ss.s
+func (ss *session) create() error {
+	b := ss.b
 	if err := os.Mkdir(ss.dir, 0o700); err != nil {
 		return fmt.Errorf("subprocess: session: %w", err)
 	}
-	if !s.strict {
+	if !b.strict {
 		return nil
 	}
-	lease, err := s.uids.Acquire()
+	lease, err := b.uids.Acquire()
 	if err != nil {
 		return fmt.Errorf("subprocess: session: %w", err)
 	}
 	ss.lease = lease
-	if err := mountWorkDir(ss.dir, s.limits.Disk, lease.UID, lease.UID); err != nil {
+	if err := mountWorkDir(ss.dir, b.limits.Disk, lease.UID, lease.UID); err != nil {
 		return err
 	}
 	ss.mounted = true
@@ -166,15 +168,15 @@ func (ss *Session) create() error {
 }
 
 // remove releases the directory and the lease.
-func (ss *Session) remove() {
+func (ss *session) remove() {
 	if ss.mounted {
 		if err := unix.Unmount(ss.dir, unix.MNT_DETACH); err != nil {
-			ss.s.log.Warn("subprocess: session cleanup", "session", ss.id, "err", err)
+			ss.b.log.Warn("subprocess: session cleanup", "session", ss.id, "err", err)
 		}
 		ss.mounted = false
 	}
 	if err := os.RemoveAll(ss.dir); err != nil {
-		ss.s.log.Warn("subprocess: session cleanup", "session", ss.id, "err", err)
+		ss.b.log.Warn("subprocess: session cleanup", "session", ss.id, "err", err)
 	}
 	if ss.lease != nil {
 		ss.lease.Release()
@@ -182,163 +184,150 @@ func (ss *Session) remove() {
 	}
 }
 
-// acquire takes the session's turn, or fails when ctx ends first or the
-// session is closed.
-func (ss *Session) acquire(ctx context.Context) error {
-	closedErr := fmt.Errorf("subprocess: session %s: %w", ss.id, moat.ErrClosed)
-	select {
-	case <-ss.done:
-		return closedErr
-	default:
-	}
-	select {
-	case ss.sem <- struct{}{}:
-	case <-ss.done:
-		return closedErr
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	select {
-	case <-ss.done:
-		<-ss.sem
-		return closedErr
-	default:
-	}
-	return nil
-}
-
-func (ss *Session) release() { <-ss.sem }
-
-func (ss *Session) uid() (int, int) {
+func (ss *session) uid() (int, int) {
 	if ss.lease == nil {
 		return -1, -1
 	}
 	return ss.lease.UID, ss.lease.UID
 }
 
-// Run runs req.Code in the session; see moat.Session.
-func (ss *Session) Run(ctx context.Context, req moat.Request) (*moat.Result, error) {
-	s := ss.s
-	if err := s.begin(req); err != nil {
-		return nil, err
-	}
-	defer s.runs.Done()
-	if err := ss.acquire(ctx); err != nil {
-		return nil, err
-	}
-	defer ss.release()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	ss.mu.Lock()
-	ss.cancelRun = cancel
-	ss.mu.Unlock()
-	defer func() {
-		ss.mu.Lock()
-		ss.cancelRun = nil
-		ss.mu.Unlock()
-	}()
-
-	if ss.opts.Interpreter {
-		res, err := ss.runInterpreter(ctx, req)
-		if err == nil {
-			s.log.Debug("subprocess: session run", "session", ss.id, "duration", res.Duration, "exit", res.ExitCode, "reason", res.Reason)
-		}
-		return res, err
-	}
-	r := &run{s: s, req: req, dir: ss.dir, mounted: ss.mounted}
-	res, err := ss.runOnce(ctx, r)
-	if err == nil {
-		s.log.Debug("subprocess: session run", "session", ss.id, "id", r.id, "duration", res.Duration, "exit", res.ExitCode, "reason", res.Reason)
-	}
-	return res, err
+func (ss *session) errClosed() error {
+	return fmt.Errorf("subprocess: session %s: %w", ss.id, moat.ErrClosed)
 }
 
-// runOnce runs r's code under a fresh python3 through the same path as a
-// one-shot run (run.exec), in the session's directory and under its uid. It
-// leaves the directory and the lease to the session.
-func (ss *Session) runOnce(ctx context.Context, r *run) (*moat.Result, error) {
-	s, lim := ss.s, ss.s.limits
-	r.start = time.Now()
-	var rnd [8]byte
-	rand.Read(rnd[:])
-	r.id = s.owner + "-" + hex.EncodeToString(rnd[:])
+// Start starts one run of the session: a fresh helper, or the live
+// interpreter; see engine.SessionInstance.
+func (ss *session) Start(ctx context.Context, code []byte, stdout, stderr io.Writer) (engine.Process, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	ss.mu.Lock()
+	if ss.closed {
+		ss.mu.Unlock()
+		return nil, ss.errClosed()
+	}
+	ss.idle = make(chan struct{})
+	ss.mu.Unlock()
+	var p engine.Process
+	var err error
+	if ss.opts.Interpreter {
+		p, err = ss.startInterpreterRun(ctx, code, stdout, stderr)
+	} else {
+		p, err = ss.startPlain(ctx, code, stdout, stderr)
+	}
+	if err != nil {
+		ss.runEnded()
+		return nil, err
+	}
+	ss.mu.Lock()
+	ss.cur = p
+	closed := ss.closed
+	ss.mu.Unlock()
+	if closed {
+		p.Kill() // Close came during the start; Wait returns soon
+	}
+	return &sessionRun{Process: p, ss: ss}, nil
+}
+
+// runEnded marks the run in progress ended, for Close.
+func (ss *session) runEnded() {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.idle != nil {
+		close(ss.idle)
+		ss.idle = nil
+	}
+	ss.cur = nil
+}
+
+// sessionRun is a run of the session, which says when it has ended.
+type sessionRun struct {
+	engine.Process
+	ss *session
+}
+
+// End passes the engine's reason on; see engine.Ender.
+func (r *sessionRun) End(why moat.Reason) {
+	if e, ok := r.Process.(engine.Ender); ok {
+		e.End(why)
+		return
+	}
+	r.Process.Kill()
+}
+
+func (r *sessionRun) Wait() (engine.Evidence, error) {
+	defer r.ss.runEnded()
+	return r.Process.Wait()
+}
+
+// startPlain starts a run under a fresh helper (one the engine's pool
+// started ahead, as for a one-shot run) and python3, through the same path
+// as a one-shot run, in the session's directory and under its uid.
+func (ss *session) startPlain(ctx context.Context, code []byte, stdout, stderr io.Writer) (engine.Process, error) {
+	b, lim := ss.b, ss.b.limits
 	uid, gid := ss.uid()
 	// The directory holds whatever the code planted: the code file is
 	// created anew under a fresh name, never through a link.
-	codeName := ".moat-run-" + hex.EncodeToString(rnd[:4]) + ".py"
-	if err := writeNewFile(ss.dir, codeName, r.req.Code, uid, gid); err != nil {
+	var rnd [4]byte
+	rand.Read(rnd[:])
+	name := ".moat-run-" + hex.EncodeToString(rnd[:]) + ".py"
+	if err := writeNewFile(ss.dir, name, code, uid, gid); err != nil {
 		if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EFBIG) {
-			return nil, fmt.Errorf("subprocess: code of %d bytes does not fit in the session's working directory: %w", len(r.req.Code), moat.ErrInvalid)
+			return nil, fmt.Errorf("subprocess: code of %d bytes does not fit in the session's working directory: %w", len(code), moat.ErrInvalid)
 		}
 		return nil, fmt.Errorf("subprocess: %w", err)
 	}
+	p := &process{b: b, dir: ss.dir, mounted: ss.mounted}
 	// What the directory holds at the size limit now, the code file
-	// included, is not this run's doing (see run.fileAtLimit).
-	r.atStart = filesAtLimit(ss.dir, int64(lim.FileSize))
-	defer func() {
+	// included, is not this run's doing (see fileAtLimit).
+	p.atStart = filesAtLimit(ss.dir, lim.FileSize)
+	id := b.newID()
+	p.release = func() {
+		if p.group != nil {
+			if err := p.group.Kill(); err != nil {
+				b.log.Warn("subprocess: cleanup", "id", id, "err", err)
+			}
+			if err := p.group.Remove(); err != nil {
+				b.log.Warn("subprocess: cleanup", "id", id, "err", err)
+			}
+		}
 		if root, err := os.OpenRoot(ss.dir); err == nil {
-			root.Remove(codeName)
+			root.Remove(name)
 			root.Close()
 		}
-	}()
-	if s.strict {
-		g, err := s.cg.New(r.id, cgroup.Limits{Memory: int64(lim.Memory), Pids: int64(lim.Pids)})
+	}
+	if b.strict {
+		g, err := b.cg.New(id, cgroup.Limits{Memory: int64(lim.Memory), Pids: int64(lim.Pids)})
 		if err != nil {
+			p.release()
 			return nil, unavailable("cannot create the run's cgroup", "", err)
 		}
-		r.group = g
-		defer func() {
-			if err := g.Kill(); err != nil {
-				s.log.Warn("subprocess: cleanup", "id", r.id, "err", err)
-			}
-			if err := g.Remove(); err != nil {
-				s.log.Warn("subprocess: cleanup", "id", r.id, "err", err)
-			}
-		}()
+		p.group = g
 	}
-	arg, err := json.Marshal(ss.spec(r.group, []string{"python3", ss.dir + "/" + codeName}))
-	if err != nil {
-		return nil, fmt.Errorf("subprocess: %w", err)
+	sp := b.runSpec(ss.dir, uid, gid, p.group, []string{"python3", ss.dir + "/" + name})
+	for attempt := 0; ; attempt++ {
+		h, err := b.takeHelper(ctx)
+		if err != nil {
+			p.release()
+			return nil, err
+		}
+		p.h = h
+		err = p.launch(sp, stdout, stderr)
+		if errors.Is(err, errHelperGone) && attempt == 0 {
+			continue // it died while it waited in the pool: once more
+		}
+		if err != nil {
+			p.release()
+			return nil, err
+		}
+		return p, nil
 	}
-	return r.exec(ctx, arg)
 }
 
-// spec returns the helper's spec for python3 with args in the session's
-// directory, under its uid, in group when strict: the same protections as
-// run.do gives a one-shot run.
-func (ss *Session) spec(group *cgroup.Group, args []string) spec {
-	uid, gid := ss.uid()
-	return ss.s.runSpec(ss.dir, uid, gid, group, args)
-}
-
-// writeNewFile creates name in dir with data, read-only, owned by uid and
-// gid (-1: moat's). It fails rather than follow or replace anything there.
-func writeNewFile(dir, name string, data []byte, uid, gid int) error {
-	root, err := os.OpenRoot(dir)
-	if err != nil {
-		return err
-	}
-	defer root.Close()
-	f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o400)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(data)
-	if err == nil && uid >= 0 {
-		err = f.Chown(uid, gid)
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		root.Remove(name)
-	}
-	return err
-}
-
-// Close kills what runs in the session and removes its directory. It is
-// safe to call more than once.
-func (ss *Session) Close() error {
+// Close kills the run in progress, waits for its end and for the file
+// operations in progress, ends the interpreter and removes the directory.
+// Calls after the first return nil.
+func (ss *session) Close() error {
 	ss.mu.Lock()
 	if ss.closed {
 		ss.mu.Unlock()
@@ -346,301 +335,17 @@ func (ss *Session) Close() error {
 	}
 	ss.closed = true
 	close(ss.done)
-	if ss.cancelRun != nil {
-		ss.cancelRun()
-	}
+	cur, idle := ss.cur, ss.idle
 	ss.mu.Unlock()
-	ss.sem <- struct{}{} // wait for the run in progress; nothing takes it after
+	if cur != nil {
+		cur.Kill()
+	}
+	if idle != nil {
+		<-idle
+	}
+	ss.ops.Wait()
 	ss.endInterpreter("")
 	ss.remove()
-	ss.s.log.Debug("subprocess: session closed", "session", ss.id)
+	ss.b.log.Debug("subprocess: session closed", "session", ss.id)
 	return nil
-}
-
-// Files.
-//
-// Every file operation goes through an os.Root opened on the session's
-// directory, so that no path — "..", absolute, or through a symbolic link the
-// code planted — reaches outside it. Names are checked first and refused
-// with an error wrapping moat.ErrInvalid.
-
-// checkName validates a session file name.
-func checkName(name string) error {
-	if name == "" || name == "." || !fs.ValidPath(name) || strings.ContainsRune(name, 0) {
-		return fmt.Errorf("subprocess: file name %q must be a relative slash-separated path without \".\" or \"..\" elements: %w", name, moat.ErrInvalid)
-	}
-	return nil
-}
-
-// fileError maps an error of a file operation to moat's classes: escapes
-// and wrong kinds of file are invalid; missing files stay fs.ErrNotExist.
-func fileError(op, name string, err error) error {
-	if err == nil {
-		return nil
-	}
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("subprocess: %s %q: %w", op, name, fs.ErrNotExist)
-	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EFBIG), errors.Is(err, syscall.EDQUOT):
-		return fmt.Errorf("subprocess: %s %q: the session's disk limit is reached: %w", op, name, moat.ErrInvalid)
-	case errors.Is(err, moat.ErrInvalid):
-		return err
-	}
-	var pe *fs.PathError
-	var le *os.LinkError
-	if errors.As(err, &pe) || errors.As(err, &le) {
-		// Escapes from the root, symlink loops, a directory where a file
-		// is expected and the like: the caller's name is at fault.
-		return fmt.Errorf("subprocess: %s %q: %v: %w", op, name, err, moat.ErrInvalid)
-	}
-	return fmt.Errorf("subprocess: %s %q: %w", op, name, err)
-}
-
-// WriteFile creates or replaces name; see moat.Session. The file belongs to
-// the session's uid. A file larger than the file size limit, or one that
-// would pass the disk limit, is refused and nothing changes.
-func (ss *Session) WriteFile(ctx context.Context, name string, r io.Reader) error {
-	if err := checkName(name); err != nil {
-		return err
-	}
-	if err := ss.acquire(ctx); err != nil {
-		return err
-	}
-	defer ss.release()
-	root, err := os.OpenRoot(ss.dir)
-	if err != nil {
-		return fmt.Errorf("subprocess: %w", err)
-	}
-	defer root.Close()
-	uid, gid := ss.uid()
-	if dir := path.Dir(name); dir != "." {
-		if err := mkdirAllOwned(root, dir, uid, gid); err != nil {
-			return fileError("write", name, err)
-		}
-	}
-	var rnd [6]byte
-	rand.Read(rnd[:])
-	tmp := path.Join(path.Dir(name), ".moat-upload-"+hex.EncodeToString(rnd[:]))
-	f, err := root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-	if err != nil {
-		return fileError("write", name, err)
-	}
-	ok := false
-	defer func() {
-		if !ok {
-			root.Remove(tmp)
-		}
-	}()
-	limit := int64(ss.s.limits.FileSize)
-	n, err := io.Copy(f, io.LimitReader(readerCtx{ctx, r}, limit+1))
-	if err == nil && n > limit {
-		err = fmt.Errorf("subprocess: write %q: larger than the file size limit %v: %w", name, ss.s.limits.FileSize, moat.ErrInvalid)
-	}
-	if err == nil && uid >= 0 {
-		err = f.Chown(uid, gid)
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fileError("write", name, err)
-	}
-	if err := root.Rename(tmp, name); err != nil {
-		return fileError("write", name, err)
-	}
-	ok = true
-	return nil
-}
-
-// readerCtx stops a copy when ctx ends.
-type readerCtx struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (r readerCtx) Read(p []byte) (int, error) {
-	if err := r.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return r.r.Read(p)
-}
-
-// mkdirAllOwned creates dir and its missing parents inside root, owned by
-// uid and gid (-1: moat's).
-func mkdirAllOwned(root *os.Root, dir string, uid, gid int) error {
-	parts := strings.Split(dir, "/")
-	for i := range parts {
-		p := strings.Join(parts[:i+1], "/")
-		err := root.Mkdir(p, 0o755)
-		if errors.Is(err, fs.ErrExist) {
-			// Only a directory is there already as it should be; Stat
-			// follows a link only inside root.
-			fi, err := root.Stat(p)
-			if err != nil {
-				return err
-			}
-			if !fi.IsDir() {
-				return &fs.PathError{Op: "mkdir", Path: p, Err: syscall.ENOTDIR}
-			}
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		if uid >= 0 {
-			if err := root.Lchown(p, uid, gid); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// ReadFile opens name for reading; see moat.Session. Only regular files can
-// be read: a directory, a FIFO or a socket the code made is refused.
-func (ss *Session) ReadFile(ctx context.Context, name string) (io.ReadCloser, error) {
-	if err := checkName(name); err != nil {
-		return nil, err
-	}
-	if err := ss.acquire(ctx); err != nil {
-		return nil, err
-	}
-	defer ss.release()
-	root, err := os.OpenRoot(ss.dir)
-	if err != nil {
-		return nil, fmt.Errorf("subprocess: %w", err)
-	}
-	defer root.Close()
-	// O_NONBLOCK: opening a FIFO the code planted must not block.
-	f, err := root.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
-	if err != nil {
-		return nil, fileError("read", name, err)
-	}
-	st, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return nil, fileError("read", name, err)
-	}
-	if !st.Mode().IsRegular() {
-		f.Close()
-		return nil, fmt.Errorf("subprocess: read %q: not a regular file (%v): %w", name, st.Mode().Type(), moat.ErrInvalid)
-	}
-	return f, nil
-}
-
-// ListFiles lists the session's files, recursively, without following
-// symbolic links.
-func (ss *Session) ListFiles(ctx context.Context) ([]moat.FileInfo, error) {
-	if err := ss.acquire(ctx); err != nil {
-		return nil, err
-	}
-	defer ss.release()
-	root, err := os.OpenRoot(ss.dir)
-	if err != nil {
-		return nil, fmt.Errorf("subprocess: %w", err)
-	}
-	defer root.Close()
-	out := []moat.FileInfo{}
-	err = fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if p == "." {
-			return nil
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		info, err := d.Info()
-		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				return nil
-			}
-			return err
-		}
-		out = append(out, moat.FileInfo{Name: p, Size: info.Size(), Mode: info.Mode(), ModTime: info.ModTime(), IsDir: d.IsDir()})
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("subprocess: list files: %w", err)
-	}
-	return out, nil
-}
-
-// RemoveFile removes name, a file or an empty directory; a symbolic link is
-// removed itself, never what it points to.
-func (ss *Session) RemoveFile(ctx context.Context, name string) error {
-	if err := checkName(name); err != nil {
-		return err
-	}
-	if err := ss.acquire(ctx); err != nil {
-		return err
-	}
-	defer ss.release()
-	root, err := os.OpenRoot(ss.dir)
-	if err != nil {
-		return fmt.Errorf("subprocess: %w", err)
-	}
-	defer root.Close()
-	return fileError("remove", name, root.Remove(name))
-}
-
-// Stat describes name without following a symbolic link; see moat.Files.
-func (ss *Session) Stat(ctx context.Context, name string) (moat.FileInfo, error) {
-	if err := checkName(name); err != nil {
-		return moat.FileInfo{}, err
-	}
-	if err := ss.acquire(ctx); err != nil {
-		return moat.FileInfo{}, err
-	}
-	defer ss.release()
-	root, err := os.OpenRoot(ss.dir)
-	if err != nil {
-		return moat.FileInfo{}, fmt.Errorf("subprocess: %w", err)
-	}
-	defer root.Close()
-	info, err := root.Lstat(name)
-	if err != nil {
-		return moat.FileInfo{}, fileError("stat", name, err)
-	}
-	return moat.FileInfo{Name: name, Size: info.Size(), Mode: info.Mode(), ModTime: info.ModTime(), IsDir: info.IsDir()}, nil
-}
-
-// Mkdir creates the directory name and its missing parents, owned by the
-// session's uid; see moat.Files.
-func (ss *Session) Mkdir(ctx context.Context, name string) error {
-	if err := checkName(name); err != nil {
-		return err
-	}
-	if err := ss.acquire(ctx); err != nil {
-		return err
-	}
-	defer ss.release()
-	root, err := os.OpenRoot(ss.dir)
-	if err != nil {
-		return fmt.Errorf("subprocess: %w", err)
-	}
-	defer root.Close()
-	uid, gid := ss.uid()
-	return fileError("mkdir", name, mkdirAllOwned(root, name, uid, gid))
-}
-
-// Rename moves from to to inside the session's directory; see moat.Files.
-func (ss *Session) Rename(ctx context.Context, from, to string) error {
-	if err := checkName(from); err != nil {
-		return err
-	}
-	if err := checkName(to); err != nil {
-		return err
-	}
-	if err := ss.acquire(ctx); err != nil {
-		return err
-	}
-	defer ss.release()
-	root, err := os.OpenRoot(ss.dir)
-	if err != nil {
-		return fmt.Errorf("subprocess: %w", err)
-	}
-	defer root.Close()
-	return fileError("rename", from, root.Rename(from, to))
 }

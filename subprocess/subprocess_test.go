@@ -153,8 +153,13 @@ func TestConfigValidate(t *testing.T) {
 		{UIDFirst: 10},
 		{Limits: moat.Limits{Memory: 1}},
 		{Limits: moat.Limits{Pids: -1}},
+		{Warm: -2},
+		{Warm: 17},
 	}
 	for _, c := range bad {
+		if err := c.Validate(); !errors.Is(err, moat.ErrInvalid) {
+			t.Errorf("(%+v).Validate() = %v, want ErrInvalid", c, err)
+		}
 		if _, err := subprocess.New(c); !errors.Is(err, moat.ErrInvalid) {
 			t.Errorf("New(%+v) = %v, want ErrInvalid", c, err)
 		}
@@ -166,7 +171,7 @@ func TestMissingPythonIsUnavailable(t *testing.T) {
 	if !errors.Is(err, moat.ErrUnavailable) {
 		t.Fatalf("got %v, want ErrUnavailable", err)
 	}
-	a := subprocess.Check(subprocess.Config{Python: "/nonexistent/python3"})
+	a := subprocess.Check(context.Background(), subprocess.Config{Python: "/nonexistent/python3"})
 	if a.Available || a.Reason == "" || a.Remedy == "" {
 		t.Errorf("Check = %+v, want unavailable with a reason and a remedy", a)
 	}

@@ -145,7 +145,7 @@ func levelTable() []levelEntry {
 			check: func(ctx context.Context, fc fileConfig) moat.Availability {
 				cfg := fc.Subprocess
 				cfg.Limits = fc.Limits
-				return subprocess.Check(cfg)
+				return subprocess.Check(ctx, cfg)
 			},
 			claims: func(fc fileConfig, a attack.Name) bool {
 				if h, _ := subprocess.ParseHardening(string(fc.Subprocess.Hardening)); h == subprocess.HardeningTutorial {

@@ -32,7 +32,9 @@ import (
 // applied.
 //
 // Close releases what the backend holds once the engine has discarded every
-// instance and no run is in progress.
+// instance and no run is in progress. Sessions outlive it (a sandbox's
+// Close does not close its sessions): what a SessionInstance needs must
+// stay until that session's own Close.
 type Backend interface {
 	Prepare(ctx context.Context) (Instance, error)
 	Close() error
@@ -72,10 +74,29 @@ type Instance interface {
 // its own (its kills, the output cap) before the verdict. An error means the
 // sandbox itself failed and no verdict can be given (a helper that ended
 // without a report, a sentry that crashed); the engine returns it as an error
-// wrapping moat.ErrUnavailable. Wait is called once.
+// wrapping moat.ErrUnavailable. Once the engine has killed the run, it takes
+// an error of no class as the consequence of its kill (a helper or VM killed
+// before it could report) and gives the run its verdict; a failure that the
+// kill does not explain (a kill that did not take, a crash, a report that
+// disagrees) must wrap moat.ErrUnavailable, and stays an error. Wait is
+// called once.
 type Process interface {
 	Kill()
 	Wait() (Evidence, error)
+}
+
+// Ender is an optional interface of a Process. When the engine ends a run
+// itself it calls End instead of Kill, with why: moat.ReasonTimeout (the
+// wall time), moat.ReasonCanceled or moat.ReasonOutput, the first of them
+// when several come. End must do what Kill does, and may be called as Kill
+// may: from any goroutine (the output cap calls it from a backend's own
+// writer goroutine), more than once, after the run has ended. It lets a
+// backend say in Evidence.Notes why something that outlives a run (a
+// session's live interpreter) ended with it, which only the engine knows
+// before Wait returns.
+type Ender interface {
+	Process
+	End(why moat.Reason)
 }
 
 // ErrStale says a pooled instance can no longer serve a run; see Instance.
@@ -109,10 +130,15 @@ type SessionBackend interface {
 // moment, never torn past its size at that moment. Errors wrap
 // fs.ErrNotExist for a missing file, moat.ErrInvalid for a name that is not
 // a file of the session (a directory where a file was asked, a link out) or
-// a write past the disk or file size limit.
+// a write past the disk or file size limit. Each must return soon once its
+// ctx is done; so must a Read of the reader ReadFile returned, which lives
+// under ReadFile's ctx until it is closed.
 //
-// Close kills everything of the session and removes it; the engine calls it
-// once, after the last run has ended.
+// Close kills everything of the session and removes it. The engine calls it
+// once, when nothing else of the instance is in use: it first ends the run
+// in progress (through its Process), the file operations in progress (their
+// ctx) and the readers still open (their ctx, then their Close), and waits
+// for them; after Close it calls nothing of the instance.
 type SessionInstance interface {
 	Start(ctx context.Context, code []byte, stdout, stderr io.Writer) (Process, error)
 	moat.Files

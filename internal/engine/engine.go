@@ -62,6 +62,7 @@ type Sandbox struct {
 	slots  chan struct{}
 	mu     sync.Mutex
 	closed bool
+	quit   chan struct{} // closed by Close: runs still waiting for a slot give up
 	runs   sync.WaitGroup
 }
 
@@ -76,7 +77,7 @@ func New(cfg Config, b Backend) (*Sandbox, error) {
 	if err := cfg.Limits.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Sandbox{cfg: cfg, lim: cfg.Limits.WithDefaults(), b: b, log: cfg.Logger}
+	s := &Sandbox{cfg: cfg, lim: cfg.Limits.WithDefaults(), b: b, log: cfg.Logger, quit: make(chan struct{})}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -100,9 +101,17 @@ func (s *Sandbox) Limits() moat.Limits { return s.lim }
 // Backend returns the backend under s.
 func (s *Sandbox) Backend() Backend { return s.b }
 
-// Close makes later runs fail with moat.ErrClosed, waits for the runs in
-// progress, discards the pooled instances and closes the backend. Calls
-// after the first return nil.
+// Take returns a prepared instance from the pool, or prepares one now, for
+// a backend that serves a run of one of its sessions with an instance of
+// the kind it prepares for one-shot runs (a helper process waiting for its
+// spec), so that session runs too find one ready. The caller discards it.
+// It is safe for concurrent use, also after Close, when it prepares one.
+func (s *Sandbox) Take(ctx context.Context) (Instance, error) { return s.pool.take(ctx) }
+
+// Close makes later runs fail with moat.ErrClosed, and so the runs still
+// waiting for a MaxRuns slot, waits for the runs in progress, discards the
+// pooled instances and closes the backend. Calls after the first return
+// nil.
 func (s *Sandbox) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -110,6 +119,7 @@ func (s *Sandbox) Close() error {
 		return nil
 	}
 	s.closed = true
+	close(s.quit)
 	s.mu.Unlock()
 	s.runs.Wait()
 	s.pool.close()
@@ -144,15 +154,32 @@ func (s *Sandbox) checkCode(code []byte) error {
 }
 
 // slot waits for a run slot when MaxRuns caps them; release gives it back.
-func (s *Sandbox) slot(ctx context.Context) (release func(), err error) {
+// A one-shot run (oneShot) gives up when the sandbox closes; a session's
+// runs outlive it.
+func (s *Sandbox) slot(ctx context.Context, oneShot bool) (release func(), err error) {
 	if s.slots == nil {
 		return func() {}, nil
 	}
+	var quit chan struct{}
+	if oneShot {
+		quit = s.quit
+	}
+	closed := func() error {
+		return fmt.Errorf("%s: closed while the run waited for a slot: %w", s.cfg.Level, moat.ErrClosed)
+	}
 	select {
 	case s.slots <- struct{}{}:
-		return func() { <-s.slots }, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
+	case <-quit:
+		return nil, closed()
+	}
+	select {
+	case <-quit: // a slot came free as the sandbox closed
+		<-s.slots
+		return nil, closed()
+	default:
+		return func() { <-s.slots }, nil
 	}
 }
 
@@ -166,7 +193,7 @@ func (s *Sandbox) Run(ctx context.Context, req moat.Request) (*moat.Result, erro
 		return nil, err
 	}
 	start := time.Now()
-	release, err := s.slot(ctx)
+	release, err := s.slot(ctx, true)
 	if err != nil {
 		return nil, err
 	}
@@ -202,8 +229,11 @@ func (s *Sandbox) setupError(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
+	// A stale instance's error is wrapped too: runFresh still sees
+	// ErrStale in it, and when the retry is stale as well, the caller gets
+	// moat's class.
 	if errors.Is(err, moat.ErrUnavailable) || errors.Is(err, moat.ErrInvalid) || errors.Is(err, moat.ErrClosed) ||
-		errors.Is(err, moat.ErrSpent) || errors.Is(err, ErrStale) {
+		errors.Is(err, moat.ErrSpent) {
 		return err
 	}
 	return fmt.Errorf("%s: %w: %w", s.cfg.Level, moat.ErrUnavailable, err)
@@ -237,7 +267,12 @@ func (s *Sandbox) runIn(ctx context.Context, start starter, req moat.Request, be
 	if stdout.Truncated() || stderr.Truncated() {
 		ev.Output = true
 	}
-	if err != nil && !ev.Canceled && !ev.WallTime && !ev.Output {
+	// After a kill of the engine's, a Wait error of no class is the kill's
+	// own doing (a helper or VM killed before it could report) and the run
+	// gets its verdict; one wrapping moat.ErrUnavailable says the sandbox
+	// failed all the same, and is never turned into a Result.
+	killed := ev.Canceled || ev.WallTime || ev.Output
+	if err != nil && (!killed || errors.Is(err, moat.ErrUnavailable)) {
 		return nil, s.setupError(context.Background(), err)
 	}
 	v := Judge(ev)
@@ -272,22 +307,43 @@ func (k *killer) kill(why *bool) {
 	if first {
 		*why = true
 	}
-	p := k.p
+	p, reason := k.p, k.reason()
 	if p == nil {
 		k.pending = true
 	}
 	k.mu.Unlock()
 	if p != nil {
-		p.Kill()
+		end(p, reason)
 	}
 }
 
 func (k *killer) set(p Process) {
 	k.mu.Lock()
 	k.p = p
-	pending := k.pending
+	pending, reason := k.pending, k.reason()
 	k.mu.Unlock()
 	if pending {
-		p.Kill()
+		end(p, reason)
 	}
+}
+
+// reason is the first reason the run was killed for. The caller holds k.mu.
+func (k *killer) reason() moat.Reason {
+	switch {
+	case k.canceled:
+		return moat.ReasonCanceled
+	case k.wall:
+		return moat.ReasonTimeout
+	default:
+		return moat.ReasonOutput
+	}
+}
+
+// end ends p for why: through End when p is an Ender, else Kill.
+func end(p Process, why moat.Reason) {
+	if e, ok := p.(Ender); ok {
+		e.End(why)
+		return
+	}
+	p.Kill()
 }

@@ -416,9 +416,9 @@ func newSessions(t *testing.T) (*Sandbox, *fakeSession) {
 }
 
 func TestSessionRunsSerialized(t *testing.T) {
-	s, f := newSessions(t)
+	s, _ := newSessions(t)
 	ss, _ := s.NewSession(context.Background(), moat.SessionOptions{})
-	f = ss.(*Session).Instance().(*fakeSession)
+	f := ss.(*Session).Instance().(*fakeSession)
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Go(func() {

@@ -72,6 +72,13 @@ func (p *pool) fill() {
 		case <-time.After(pause):
 		}
 		for len(p.ready) < p.n {
+			// Closed: nothing more is prepared (a Prepare may not stop for
+			// its context, and each costs a container or a VM).
+			select {
+			case <-p.quit:
+				return
+			default:
+			}
 			inst, err := p.b.Prepare(p.ctx)
 			if err != nil {
 				select {
@@ -84,6 +91,12 @@ func (p *pool) fill() {
 				break
 			}
 			pause = time.Hour
+			select {
+			case <-p.quit:
+				inst.Discard()
+				return
+			default:
+			}
 			select {
 			case p.ready <- inst:
 			case <-p.quit:

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -40,7 +41,7 @@ func (s *Sandbox) NewSession(ctx context.Context, opts moat.SessionOptions) (moa
 
 // Session is a moat.Session over a SessionInstance: the engine serializes
 // its runs, runs each through the one lifecycle, checks file names, and
-// closes the instance once.
+// closes the instance once, after everything that used it has ended.
 type Session struct {
 	s    *Sandbox
 	inst SessionInstance
@@ -49,10 +50,19 @@ type Session struct {
 	mu     sync.Mutex
 	closed bool
 	spent  bool
-	files  sync.WaitGroup // file operations in progress
+	ops    map[*op]struct{} // the run, file operations and open readers in progress
+	busy   sync.WaitGroup   // counts the ops
 }
 
 var _ moat.Session = (*Session)(nil)
+
+// op is one use of the instance in progress: a run, a file operation, or a
+// reader ReadFile returned. Its context is the caller's, ended as well when
+// the session closes.
+type op struct {
+	cancel context.CancelCauseFunc
+	r      *reader // set once ReadFile has returned it
+}
 
 // Instance returns the backend's instance under ss.
 func (ss *Session) Instance() SessionInstance { return ss.inst }
@@ -61,8 +71,46 @@ func (ss *Session) errClosed() error {
 	return fmt.Errorf("%s: session: %w", ss.s.cfg.Level, moat.ErrClosed)
 }
 
+// enter counts a use of the instance in, unless the session is closed. The
+// use runs under the returned context, which Close ends; the caller calls
+// leave when the use has ended.
+func (ss *Session) enter(ctx context.Context) (context.Context, *op, error) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.closed {
+		return nil, nil, ss.errClosed()
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	o := &op{cancel: cancel}
+	if ss.ops == nil {
+		ss.ops = map[*op]struct{}{}
+	}
+	ss.ops[o] = struct{}{}
+	ss.busy.Add(1)
+	return ctx, o, nil
+}
+
+func (ss *Session) leave(o *op) {
+	ss.mu.Lock()
+	delete(ss.ops, o)
+	ss.mu.Unlock()
+	o.cancel(nil)
+	ss.busy.Done()
+}
+
+// ended is err, or the session's ErrClosed when Close ended the use whose
+// context is ctx.
+func (ss *Session) ended(ctx context.Context, err error) error {
+	if err != nil && ctx.Err() != nil {
+		if cause := context.Cause(ctx); errors.Is(cause, moat.ErrClosed) {
+			return cause
+		}
+	}
+	return err
+}
+
 // Run runs req in the session, after its previous run has ended; see
-// moat.Session.
+// moat.Session. A run that Close ends reports reason canceled.
 func (ss *Session) Run(ctx context.Context, req moat.Request) (*moat.Result, error) {
 	if err := ss.s.checkCode(req.Code); err != nil {
 		return nil, err
@@ -73,22 +121,24 @@ func (ss *Session) Run(ctx context.Context, req moat.Request) (*moat.Result, err
 		return nil, ctx.Err()
 	}
 	defer func() { <-ss.sem }()
+	ctx, o, err := ss.enter(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer ss.leave(o)
 	ss.mu.Lock()
-	closed, spent := ss.closed, ss.spent
+	spent := ss.spent
 	ss.mu.Unlock()
-	switch {
-	case closed:
-		return nil, ss.errClosed()
-	case spent:
+	if spent {
 		return nil, fmt.Errorf("%s: session: its CPU budget is used up; its files can still be read: %w", ss.s.cfg.Level, moat.ErrSpent)
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return nil, ss.ended(ctx, err)
 	}
 	start := time.Now()
-	release, err := ss.s.slot(ctx)
+	release, err := ss.s.slot(ctx, false)
 	if err != nil {
-		return nil, err
+		return nil, ss.ended(ctx, err)
 	}
 	defer release()
 	var ev Evidence
@@ -105,7 +155,7 @@ func (ss *Session) Run(ctx context.Context, req moat.Request) (*moat.Result, err
 		ss.mu.Unlock()
 	}
 	if err != nil {
-		return nil, err
+		return nil, ss.ended(ctx, err)
 	}
 	res.Duration = time.Since(start)
 	return res, nil
@@ -117,14 +167,20 @@ type spy struct {
 	ev *Evidence
 }
 
+// End passes the engine's reason on to the backend's process; see Ender.
+func (p *spy) End(why moat.Reason) { end(p.Process, why) }
+
 func (p *spy) Wait() (Evidence, error) {
 	ev, err := p.Process.Wait()
 	*p.ev = ev
 	return ev, err
 }
 
-// Close kills what still runs of the session and removes it. Calls after
-// the first return nil.
+// Close ends what still uses the session's instance, then closes it: the
+// run in progress is killed as a cancellation would (its Run reports
+// reason canceled), the file operations in progress and those waiting fail
+// with moat.ErrClosed, and so does every later Read of a reader ReadFile
+// returned. Calls after the first return nil.
 func (ss *Session) Close() error {
 	ss.mu.Lock()
 	if ss.closed {
@@ -132,26 +188,26 @@ func (ss *Session) Close() error {
 		return nil
 	}
 	ss.closed = true
-	ss.mu.Unlock()
-	// A run in progress ends with the instance; its Run then returns.
-	err := ss.inst.Close()
-	// Wait for the run in progress to return; runs still waiting find the
-	// session closed.
-	ss.sem <- struct{}{}
-	<-ss.sem
-	ss.files.Wait()
-	return err
-}
-
-// enterFiles counts a file operation in, unless the session is closed.
-func (ss *Session) enterFiles() error {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	if ss.closed {
-		return ss.errClosed()
+	var ops []*op
+	var readers []*reader
+	for o := range ss.ops {
+		ops = append(ops, o)
+		if o.r != nil {
+			readers = append(readers, o.r)
+		}
 	}
-	ss.files.Add(1)
-	return nil
+	ss.mu.Unlock()
+	cause := ss.errClosed()
+	for _, o := range ops {
+		o.cancel(cause)
+	}
+	for _, r := range readers {
+		r.close(cause)
+	}
+	// The instance is closed once nothing uses it: SessionInstance's
+	// contract.
+	ss.busy.Wait()
+	return ss.inst.Close()
 }
 
 // CleanName checks a session file name: relative, slash-separated, no
@@ -166,39 +222,108 @@ func CleanName(level moat.Level, name string) (string, error) {
 
 func (ss *Session) file(name string) (string, error) { return CleanName(ss.s.cfg.Level, name) }
 
+// use runs one file operation on the instance, unless the session is closed.
+func (ss *Session) use(ctx context.Context, f func(ctx context.Context) error) error {
+	ctx, o, err := ss.enter(ctx)
+	if err != nil {
+		return err
+	}
+	defer ss.leave(o)
+	return ss.ended(ctx, f(ctx))
+}
+
 // WriteFile: see moat.Files.
 func (ss *Session) WriteFile(ctx context.Context, name string, r io.Reader) error {
 	name, err := ss.file(name)
 	if err != nil {
 		return err
 	}
-	if err := ss.enterFiles(); err != nil {
-		return err
-	}
-	defer ss.files.Done()
-	return ss.inst.WriteFile(ctx, name, r)
+	return ss.use(ctx, func(ctx context.Context) error { return ss.inst.WriteFile(ctx, name, r) })
 }
 
-// ReadFile: see moat.Files.
+// ReadFile: see moat.Files. The reader counts as a use of the instance
+// until it is closed; the session's Close closes it.
 func (ss *Session) ReadFile(ctx context.Context, name string) (io.ReadCloser, error) {
 	name, err := ss.file(name)
 	if err != nil {
 		return nil, err
 	}
-	if err := ss.enterFiles(); err != nil {
+	ctx, o, err := ss.enter(ctx)
+	if err != nil {
 		return nil, err
 	}
-	defer ss.files.Done()
-	return ss.inst.ReadFile(ctx, name)
+	rc, err := ss.inst.ReadFile(ctx, name)
+	if err != nil {
+		ss.leave(o)
+		return nil, ss.ended(ctx, err)
+	}
+	r := &reader{ss: ss, o: o, ctx: ctx, rc: rc}
+	ss.mu.Lock()
+	closed := ss.closed
+	o.r = r
+	ss.mu.Unlock()
+	if closed {
+		// Close began while the instance opened it, and did not see it.
+		r.close(ss.errClosed())
+		return nil, ss.errClosed()
+	}
+	return r, nil
+}
+
+// reader is a reader of the instance's, ended by the session's Close.
+type reader struct {
+	ss  *Session
+	o   *op
+	ctx context.Context
+	mu  sync.Mutex // held by Read and by close
+	rc  io.ReadCloser
+	err error // once closed: what Read returns
+}
+
+func (r *reader) Read(p []byte) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.err != nil {
+		return 0, r.err
+	}
+	n, err := r.rc.Read(p)
+	if err != nil && err != io.EOF {
+		err = r.ss.ended(r.ctx, err)
+	}
+	return n, err
+}
+
+// Close closes the instance's reader and ends a Read in progress.
+func (r *reader) Close() error {
+	return r.close(fmt.Errorf("%s: session: read: %w", r.ss.s.cfg.Level, fs.ErrClosed))
+}
+
+// close ends the reader for why: its context first, so that a Read in
+// progress returns, then the instance's reader.
+func (r *reader) close(why error) error {
+	r.o.cancel(why)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.err != nil {
+		return nil
+	}
+	r.err = why
+	err := r.rc.Close()
+	r.ss.leave(r.o)
+	return err
 }
 
 // ListFiles: see moat.Files.
 func (ss *Session) ListFiles(ctx context.Context) ([]moat.FileInfo, error) {
-	if err := ss.enterFiles(); err != nil {
+	var list []moat.FileInfo
+	err := ss.use(ctx, func(ctx context.Context) (err error) {
+		list, err = ss.inst.ListFiles(ctx)
+		return err
+	})
+	if err != nil {
 		return nil, err
 	}
-	defer ss.files.Done()
-	return ss.inst.ListFiles(ctx)
+	return list, nil
 }
 
 // Stat: see moat.Files.
@@ -207,11 +332,15 @@ func (ss *Session) Stat(ctx context.Context, name string) (moat.FileInfo, error)
 	if err != nil {
 		return moat.FileInfo{}, err
 	}
-	if err := ss.enterFiles(); err != nil {
+	var fi moat.FileInfo
+	err = ss.use(ctx, func(ctx context.Context) (err error) {
+		fi, err = ss.inst.Stat(ctx, name)
+		return err
+	})
+	if err != nil {
 		return moat.FileInfo{}, err
 	}
-	defer ss.files.Done()
-	return ss.inst.Stat(ctx, name)
+	return fi, nil
 }
 
 // Mkdir: see moat.Files.
@@ -220,11 +349,7 @@ func (ss *Session) Mkdir(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	if err := ss.enterFiles(); err != nil {
-		return err
-	}
-	defer ss.files.Done()
-	return ss.inst.Mkdir(ctx, name)
+	return ss.use(ctx, func(ctx context.Context) error { return ss.inst.Mkdir(ctx, name) })
 }
 
 // Rename: see moat.Files.
@@ -236,11 +361,7 @@ func (ss *Session) Rename(ctx context.Context, from, to string) error {
 	if to, err = ss.file(to); err != nil {
 		return err
 	}
-	if err := ss.enterFiles(); err != nil {
-		return err
-	}
-	defer ss.files.Done()
-	return ss.inst.Rename(ctx, from, to)
+	return ss.use(ctx, func(ctx context.Context) error { return ss.inst.Rename(ctx, from, to) })
 }
 
 // RemoveFile: see moat.Files.
@@ -249,9 +370,5 @@ func (ss *Session) RemoveFile(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	if err := ss.enterFiles(); err != nil {
-		return err
-	}
-	defer ss.files.Done()
-	return ss.inst.RemoveFile(ctx, name)
+	return ss.use(ctx, func(ctx context.Context) error { return ss.inst.RemoveFile(ctx, name) })
 }

@@ -79,8 +79,12 @@ func Judge(ev Evidence) Verdict {
 		v.Signal = syscall.SIGKILL
 	case ev.Status.Signaled():
 		v.Signal = ev.Status.Signal()
-	default:
+	case ev.Status.Exited():
 		v.ExitCode = ev.Status.ExitStatus()
+	default:
+		// A status that is neither an exit nor a death (stopped, continued)
+		// does not say the code ended: it was not seen to end.
+		v.Signal = syscall.SIGKILL
 	}
 	if v.Signal != 0 {
 		v.ExitCode = 128 + int(v.Signal)

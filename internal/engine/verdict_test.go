@@ -22,6 +22,8 @@ func TestJudge(t *testing.T) {
 		{"own signal", Evidence{Exited: true, Status: Signaled(syscall.SIGSEGV)}, 139, syscall.SIGSEGV, moat.ReasonSignal},
 		{"own sigkill", Evidence{Exited: true, Status: Signaled(kill)}, 137, kill, moat.ReasonSignal},
 		{"not seen to end", Evidence{}, 137, kill, moat.ReasonSignal},
+		{"a stopped status", Evidence{Exited: true, Status: syscall.WaitStatus(0x137f)}, 137, kill, moat.ReasonSignal},
+		{"a continued status", Evidence{Exited: true, Status: syscall.WaitStatus(0xffff)}, 137, kill, moat.ReasonSignal},
 		{"canceled", Evidence{Canceled: true}, 137, kill, moat.ReasonCanceled},
 		{"canceled beats everything", Evidence{Canceled: true, WallTime: true, CPUTime: true, Memory: true, Pids: true, FileSize: true, Disk: true, Output: true}, 137, kill, moat.ReasonCanceled},
 		{"canceled though it exited", Evidence{Canceled: true, Exited: true, Status: Exit(0)}, 137, kill, moat.ReasonCanceled},

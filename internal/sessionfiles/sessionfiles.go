@@ -13,6 +13,14 @@
 // the disk leaves the old file as it was), and streams contents through the
 // program's stdin and stdout as they are, never encoded.
 //
+// What keeps the program in the working directory is the walk; what keeps a
+// hard link, which every open follows, from reaching more is that the
+// program has the code's own rights and no more: the session's uid, inside
+// the instance. A hard link the code made names a file the code could
+// already read, and a write never goes through an existing inode (it
+// renames a new file over the name). A level must never run the program
+// with more rights than the code (another uid, root, or on the host).
+//
 // The Go side does not trust the instance: it checks names before sending
 // them, reads at most what an honest answer can hold (a file up to the file
 // size limit, a listing up to its cap, answer lines up to a fixed size),
@@ -58,8 +66,12 @@ type Exec func(ctx context.Context, argv []string, stdin io.Reader, stdout io.Wr
 
 // Options describe the instance to New.
 type Options struct {
-	// Python is the path of python3 inside the instance. Empty means
-	// "python3", looked up in the PATH Exec gives.
+	// Python is the absolute path of python3 inside the instance: one
+	// that neither the session's uid nor its code can write, nor any
+	// directory on the way, or the code could answer for the program.
+	// Empty means /usr/bin/python3 (the shared image's). A name looked up
+	// in a PATH is refused: a directory of the PATH the code can write
+	// would choose the interpreter.
 	Python string
 	// Dir is the session's working directory: an absolute path inside the
 	// instance. It is opened from "/" one component at a time, never
@@ -75,6 +87,9 @@ type Options struct {
 	MaxList int
 }
 
+// DefaultPython is the interpreter an empty Options.Python means.
+const DefaultPython = "/usr/bin/python3"
+
 // Caps on what the Go side reads from the instance besides file contents.
 const (
 	maxLine      = 64 << 10 // one answer line: an entry's name is at most 4096 bytes
@@ -84,8 +99,8 @@ const (
 
 // New returns the file operations of the session whose working directory is
 // o.Dir inside the instance that exec runs in. They are safe for concurrent
-// use; each is one run of the program. It panics if exec is nil or o.Dir is
-// not absolute, both mistakes of the level.
+// use; each is one run of the program. It panics if exec is nil, or o.Dir
+// or o.Python is not absolute, all mistakes of the level.
 func New(exec Exec, o Options) moat.Files {
 	if exec == nil {
 		panic("sessionfiles: New with a nil Exec")
@@ -94,7 +109,10 @@ func New(exec Exec, o Options) moat.Files {
 		panic(fmt.Sprintf("sessionfiles: the working directory %q is not a clean absolute path", o.Dir))
 	}
 	if o.Python == "" {
-		o.Python = "python3"
+		o.Python = DefaultPython
+	}
+	if !path.IsAbs(o.Python) || path.Clean(o.Python) != o.Python {
+		panic(fmt.Sprintf("sessionfiles: python %q is not a clean absolute path", o.Python))
 	}
 	if o.FileSize <= 0 {
 		o.FileSize = moat.DefaultLimits().FileSize
@@ -224,6 +242,7 @@ func (c *call) end(grace bool) error {
 type stdinReader struct {
 	r      io.Reader
 	n      atomic.Int64 // bytes handed on
+	eof    atomic.Bool  // r gave io.EOF: the Exec had all of it
 	closed atomic.Bool
 	mu     sync.Mutex
 	err    error // the caller's reader's, other than io.EOF
@@ -235,6 +254,9 @@ func (s *stdinReader) Read(p []byte) (int, error) {
 	}
 	n, err := s.r.Read(p)
 	s.n.Add(int64(n))
+	if err == io.EOF {
+		s.eof.Store(true)
+	}
 	if err != nil && err != io.EOF {
 		s.mu.Lock()
 		s.err = err
@@ -271,14 +293,24 @@ func failed(op, name string, c *call, problem error) error {
 	return fmt.Errorf("sessionfiles: %s%s: the instance gave %v", op, quoted(name), problem)
 }
 
+// maxExecErr is how much of an Exec's error text an error carries.
+const maxExecErr = 512
+
 // execErr keeps of an Exec's error only the classes that mean something to
 // a caller of Files (the level unavailable or closed); any other is text,
 // so that a missing python3 ("no such file") never reads as a missing file.
+// That text may hold what the program wrote to its standard error, the
+// instance's words: it is quoted and cut, so that no control character, no
+// forged line and no flood of it reaches a log or a terminal.
 func execErr(err error) error {
 	if errors.Is(err, moat.ErrUnavailable) || errors.Is(err, moat.ErrClosed) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
-	return errors.New(err.Error())
+	msg := err.Error()
+	if len(msg) > maxExecErr {
+		msg = msg[:maxExecErr] + "..."
+	}
+	return errors.New(strconv.Quote(msg))
 }
 
 // finished is the error of a run after its last answer, which was a
@@ -377,7 +409,8 @@ func (f *files) do(ctx context.Context, stdin io.Reader, want, op, name string, 
 
 // WriteFile: see moat.Files. It sends at most one byte past the file size
 // limit, and refuses the write when r holds more, whatever the instance
-// answers.
+// answers; an ok from an instance that had not read r to its end (or to
+// that byte) is a failure, not a write.
 func (f *files) WriteFile(ctx context.Context, name string, r io.Reader) error {
 	if err := checkName("write", name); err != nil {
 		return err
@@ -408,6 +441,11 @@ func (f *files) WriteFile(ctx context.Context, name string, r io.Reader) error {
 	}
 	if err := c.stdin.readErr(); err != nil {
 		return fmt.Errorf("sessionfiles: write %q: reading the contents: %w", name, err)
+	}
+	if !c.stdin.eof.Load() {
+		// The program answers only once its stdin has ended, which the
+		// Exec passes on after r gave io.EOF.
+		return fmt.Errorf("sessionfiles: write %q: the instance answered before it had read the contents", name)
 	}
 	return nil
 }

@@ -73,6 +73,26 @@ def parts(name):
     return ps
 
 
+def open_dir(name, dir_fd):
+    """A descriptor of the directory name in dir_fd, never through a link.
+
+    O_NOFOLLOW is not enough everywhere: gVisor (runsc 20240729) follows a
+    final symbolic link when O_DIRECTORY is given too. The name itself is
+    opened with O_PATH and O_NOFOLLOW, which never follows, checked to be a
+    directory, and that very inode opened: a link swapped in meanwhile
+    changes nothing."""
+    pfd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        mode = os.fstat(pfd).st_mode
+        if stat.S_ISLNK(mode):
+            raise OSError(errno.ELOOP, "symbolic link")
+        if not stat.S_ISDIR(mode):
+            raise OSError(errno.ENOTDIR, "not a directory")
+        return os.open(".", DIR_FLAGS, dir_fd=pfd)
+    finally:
+        os.close(pfd)
+
+
 def open_workdir(path):
     if not path.startswith("/"):
         raise Refused("BADNAME")
@@ -84,7 +104,7 @@ def open_workdir(path):
             os.close(fd)
             raise Refused("BADNAME")
         try:
-            nfd = os.open(p, DIR_FLAGS, dir_fd=fd)
+            nfd = open_dir(p, fd)
         finally:
             os.close(fd)
         fd = nfd
@@ -97,7 +117,7 @@ def open_parent(root, ps, create=False):
     for p in ps[:-1]:
         try:
             try:
-                nfd = os.open(p, DIR_FLAGS, dir_fd=fd)
+                nfd = open_dir(p, fd)
             except FileNotFoundError:
                 if not create:
                     raise
@@ -105,7 +125,7 @@ def open_parent(root, ps, create=False):
                     os.mkdir(p, 0o755, dir_fd=fd)
                 except FileExistsError:
                     pass
-                nfd = os.open(p, DIR_FLAGS, dir_fd=fd)
+                nfd = open_dir(p, fd)
         finally:
             os.close(fd)
         fd = nfd
@@ -244,7 +264,7 @@ def op_list(root, cap):
             answer(entry(path, st))
             if stat.S_ISDIR(st.st_mode):
                 try:
-                    cfd = os.open(n, DIR_FLAGS, dir_fd=fd)
+                    cfd = open_dir(n, fd)
                 except OSError as e:
                     if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
                         continue  # replaced since the stat

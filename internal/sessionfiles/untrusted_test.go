@@ -158,3 +158,70 @@ func TestProgramRefusesEscapes(t *testing.T) {
 		t.Errorf("the file outside: %v", err)
 	}
 }
+
+// TestExecErrorTextIsQuoted: the Exec's error may carry what the program
+// wrote to its standard error (a level puts its start there), which is the
+// instance's text: it reaches the caller's error quoted and cut, never with
+// its control characters or its full length.
+func TestExecErrorTextIsQuoted(t *testing.T) {
+	text := "exit 1: \x1b[2J\x1b[31mforged\r\nsessionfiles: stat \"x\": ok\n" + strings.Repeat("A", 1<<20)
+	for name, op := range map[string]func(f *files) error{"stat": stat, "mkdir": mkdir, "list": list, "read": readAll} {
+		for _, out := range []string{"", `{"k":"ok"}` + "\n"} {
+			err := op(fake(canned(out, "", errors.New(text))))
+			if err == nil {
+				t.Fatalf("%s with the Exec failing: no error", name)
+			}
+			msg := err.Error()
+			if strings.ContainsAny(msg, "\x1b\r\n") || len(msg) > 2048 {
+				t.Errorf("%s: the Exec's error reached the caller as it was (%d bytes): %.300q", name, len(msg), msg)
+			}
+		}
+	}
+}
+
+// TestWriteOKBeforeTheContents: an instance that answers ok before it has
+// read the contents to their end has not written them; the write fails.
+func TestWriteOKBeforeTheContents(t *testing.T) {
+	early := func(ctx context.Context, argv []string, stdin io.Reader, stdout io.Writer) error {
+		io.WriteString(stdout, `{"k":"ok"}`+"\n")
+		if stdin != nil {
+			stdin.Read(make([]byte, 10))
+		}
+		return nil
+	}
+	for _, n := range []int{500, 2000} { // under and past the file size limit, 1000
+		err := fake(early).WriteFile(context.Background(), "x", bytes.NewReader(make([]byte, n)))
+		if err == nil {
+			t.Errorf("WriteFile of %d bytes answered before they were read: nil, want an error", n)
+		}
+		t.Log(err)
+	}
+}
+
+// TestPythonIsAbsolute: the program runs by an absolute path, never by a
+// name the instance's PATH resolves (a directory of it the code could
+// write would choose the interpreter, and the answers).
+func TestPythonIsAbsolute(t *testing.T) {
+	var argv0 string
+	exec := func(ctx context.Context, argv []string, stdin io.Reader, stdout io.Writer) error {
+		argv0 = argv[0]
+		io.WriteString(stdout, `{"k":"ok"}`+"\n")
+		return nil
+	}
+	if err := New(exec, Options{Dir: "/work"}).Mkdir(context.Background(), "d"); err != nil {
+		t.Fatal(err)
+	}
+	if argv0 != "/usr/bin/python3" {
+		t.Errorf("with no Python given, the program ran as %q, want /usr/bin/python3", argv0)
+	}
+	for _, py := range []string{"python3", "bin/python3", "/usr/bin/../../tmp/python3"} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("New with Python %q did not refuse it", py)
+				}
+			}()
+			New(exec, Options{Dir: "/work", Python: py})
+		}()
+	}
+}

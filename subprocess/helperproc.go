@@ -7,14 +7,16 @@ import (
 	"syscall"
 )
 
+// The helper process, seen from moat.
+//
 // Starting the helper (exec of moat's binary in a fresh PID namespace, and
 // the Go runtime's start) costs about as much as a fifth of Python's own
-// start. So the sandbox keeps helpers started in advance: each waits,
+// start. So a helper is the level's prepared instance (backend.Prepare),
+// which the engine keeps Config.Warm of started ahead of runs: each waits,
 // unconfined and doing nothing, for the spec of one run on a pipe, and is
-// used once. A run takes a waiting helper, and a new one is started behind
-// it. Nothing of a run exists before the run: the helper joins the run's
-// cgroups, takes its limits, its uid and its restrictions only once it has
-// the spec.
+// used once. Nothing of a run exists before the run: the helper joins the
+// run's cgroups, takes its limits, its uid and its restrictions only once it
+// has the spec (helper.go).
 
 // specFD is the pipe on which a helper receives its spec.
 const specFD = 4
@@ -29,7 +31,7 @@ type helperProc struct {
 }
 
 // startHelper starts a helper that waits for its spec.
-func (s *Sandbox) startHelper() (*helperProc, error) {
+func (b *backend) startHelper() (*helperProc, error) {
 	var files [8]*os.File // r/w pairs: spec, status, stdout, stderr
 	for i := 0; i < 8; i += 2 {
 		r, w, err := os.Pipe()
@@ -44,7 +46,7 @@ func (s *Sandbox) startHelper() (*helperProc, error) {
 	outR, outW := files[4], files[5]
 	errR, errW := files[6], files[7]
 
-	cmd := s.helperCmd()
+	cmd := b.helperCmd()
 	cmd.Stdout, cmd.Stderr = outW, errW
 	cmd.ExtraFiles = []*os.File{statusW, specR} // fds 3 and 4
 	err := cmd.Start()
@@ -59,12 +61,12 @@ func (s *Sandbox) startHelper() (*helperProc, error) {
 
 // helperCmd returns the command of a helper, for Start once its files are
 // set. It runs in fresh PID and IPC namespaces (and, with strict hardening,
-// a network namespace) (and a user namespace mapping
-// only moat's ids when moat is not root): the run's processes die with the
+// a network namespace, and a user namespace mapping only moat's ids when
+// moat is not root): the run's processes die with the
 // helper, and so do the System V IPC objects and POSIX message queues they
 // made, which would otherwise outlive the run and be open to the next runs
 // of the same uid.
-func (s *Sandbox) helperCmd() *exec.Cmd {
+func (b *backend) helperCmd() *exec.Cmd {
 	cmd := &exec.Cmd{
 		Path: "/proc/self/exe",
 		Args: []string{helperArg0},
@@ -77,70 +79,19 @@ func (s *Sandbox) helperCmd() *exec.Cmd {
 			Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWIPC,
 		},
 	}
-	if s.strict {
+	if b.strict {
 		// A network namespace of the run's own, with only a loopback
 		// that is down: no interface, address or route of the host, and
 		// abstract unix names of its own. Made here, ahead of the run,
 		// since it costs a millisecond or two.
 		cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWNET
 	}
-	if !s.root {
+	if !b.root {
 		cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWUSER
 		cmd.SysProcAttr.UidMappings = []syscall.SysProcIDMap{{ContainerID: os.Getuid(), HostID: os.Getuid(), Size: 1}}
 		cmd.SysProcAttr.GidMappings = []syscall.SysProcIDMap{{ContainerID: os.Getgid(), HostID: os.Getgid(), Size: 1}}
 	}
 	return cmd
-}
-
-// takeHelper returns a waiting helper, or starts one, and starts the next
-// one in the background.
-func (s *Sandbox) takeHelper() (*helperProc, error) {
-	select {
-	case h := <-s.warm:
-		go s.refill()
-		return h, nil
-	default:
-	}
-	return s.startHelper()
-}
-
-// refill starts helpers until the pool is full or the sandbox closed. It
-// starts them without holding s.mu, so that runs are never held up by it.
-func (s *Sandbox) refill() {
-	for {
-		s.mu.Lock()
-		full := s.closed || len(s.warm) >= cap(s.warm)
-		s.mu.Unlock()
-		if full {
-			return
-		}
-		h, err := s.startHelper()
-		if err != nil {
-			s.log.Warn("subprocess: starting a helper in advance", "err", err)
-			return
-		}
-		s.mu.Lock()
-		if s.closed || len(s.warm) >= cap(s.warm) {
-			s.mu.Unlock()
-			h.discard()
-			return
-		}
-		s.warm <- h
-		s.mu.Unlock()
-	}
-}
-
-// drainWarm stops every waiting helper. The caller holds s.mu and has set
-// s.closed, so that no new one is added.
-func (s *Sandbox) drainWarm() {
-	for {
-		select {
-		case h := <-s.warm:
-			h.discard()
-		default:
-			return
-		}
-	}
 }
 
 // discard ends a helper that never got a spec: on the empty spec it exits.

@@ -1,0 +1,65 @@
+package gvisor_test
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/gvisor"
+)
+
+// BenchmarkSessionVsOneShot measures, in one run and alternating, how
+// long a run of print(1) takes in a session and as a one-shot run (from a
+// sandbox booted ahead), and reports the median of each:
+//
+//	go test -run '^$' -bench SessionVsOneShot -benchtime 10x ./gvisor
+func BenchmarkSessionVsOneShot(b *testing.B) {
+	cfg := gvisor.Config{}
+	if a := gvisor.Check(context.Background(), cfg); !a.Available {
+		b.Skipf("the gvisor level cannot run here: %s", a.Reason)
+	}
+	sb, err := gvisor.New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sb.Close()
+	ctx := context.Background()
+	ss, err := sb.NewSession(ctx, moat.SessionOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ss.Close()
+	req := moat.Request{Code: []byte("print(1)")}
+	timed := func(run func(context.Context, moat.Request) (*moat.Result, error)) time.Duration {
+		start := time.Now()
+		res, err := run(ctx, req)
+		if err != nil || string(res.Stdout) != "1\n" {
+			b.Fatalf("run: %+v, %v", res, err)
+		}
+		return time.Since(start)
+	}
+	// One of each first, unmeasured: the session's first launcher and the
+	// first sandbox booted ahead are ready by then.
+	timed(ss.Run)
+	timed(sb.Run)
+	var session, oneShot []time.Duration
+	b.ResetTimer()
+	for range b.N {
+		// Idle between runs as a caller would be, so that what is
+		// prepared ahead (the next launcher, the next sandbox) is ready.
+		time.Sleep(300 * time.Millisecond)
+		session = append(session, timed(ss.Run))
+		time.Sleep(300 * time.Millisecond)
+		oneShot = append(oneShot, timed(sb.Run))
+	}
+	b.StopTimer()
+	median := func(d []time.Duration) float64 {
+		slices.Sort(d)
+		return float64(d[len(d)/2]) / float64(time.Millisecond)
+	}
+	b.ReportMetric(median(session), "session-ms")
+	b.ReportMetric(median(oneShot), "oneshot-ms")
+	b.ReportMetric(0, "ns/op")
+}

@@ -1,0 +1,125 @@
+# moat's launcher of one session run inside a gVisor sandbox (see
+# session.go). runsc exec starts it as root with CAP_SYS_ADMIN, CAP_SETUID,
+# CAP_SETGID and CAP_SETPCAP, python3 -I -S, from /, with fd 3 a pipe to the
+# host. It makes a PID namespace for the run, forks the run's first process
+# into it as that namespace's init, and relays to the host on fd 3, in this
+# order, one line each:
+#
+#   pid N      the run's init, as the sandbox's root PID namespace numbers it
+#   ready      the init has exec'd python3, which reads the code from stdin
+#   status S   its raw wait status, once it has ended
+#   error M    instead of status, when the run could not be started
+#
+# then exits as the run's init did. When the init ends, gVisor's kernel kills
+# every other process of the namespace and waits for them before the init's
+# exit completes: once this launcher has its status, nothing of the run is
+# left. The init is the code's python3, as the session's uid with no
+# capability in any set, no_new_privs, the guest seccomp filter, and no way
+# to leave the namespace (the filter denies unshare, setns and clone's
+# namespace flags).
+#
+# Arguments: the filter (hex of struct sock_filter[]), uid, gid, the
+# working directory, the interpreter, then the code's environment.
+import ctypes
+import os
+import signal
+import sys
+
+libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWPID = 0x20000000
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+
+
+class sock_fprog(ctypes.Structure):
+    _fields_ = [('len', ctypes.c_ushort), ('filter', ctypes.c_void_p)]
+
+
+def report(line):
+    os.write(3, line.encode() + b'\n')
+
+
+def check(r, what):
+    if r != 0:
+        raise OSError(ctypes.get_errno(), what)
+
+
+def child(go_r, err_w, prog, uid, gid, cwd, python, env):
+    # Run only once the host knows the pid: a kill it sends then reaches
+    # this process.
+    os.close(3)
+    if os.read(go_r, 1) != b'g':
+        os._exit(125)
+    os.close(go_r)
+    try:
+        for cap in range(64):
+            if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+                break  # EINVAL past the last capability
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)  # clears the permitted and effective sets
+        check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 'no_new_privs')
+        buf = ctypes.create_string_buffer(prog, len(prog))
+        fprog = sock_fprog(len(prog) // 8, ctypes.addressof(buf))
+        check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), 'seccomp')
+        os.chdir(cwd)
+        # -s: the user site directory is not read. The code may write
+        # there (HOME is the working directory), and a usercustomize or .pth
+        # file would run when the next run's python3 starts, which is
+        # before that run, between runs.
+        os.execve(python, [python, '-s', '-'], env)
+    except BaseException as e:
+        os.write(err_w, ('%s' % e).encode()[:500])
+    os._exit(125)
+
+
+def main():
+    prog = bytes.fromhex(sys.argv[1])
+    uid, gid = int(sys.argv[2]), int(sys.argv[3])
+    cwd, python = sys.argv[4], sys.argv[5]
+    env = dict(e.split('=', 1) for e in sys.argv[6:])
+    try:
+        check(libc.unshare(CLONE_NEWPID), 'unshare')
+        go_r, go_w = os.pipe()
+        err_r, err_w = os.pipe()  # close-on-exec: EOF once the code's python runs
+        pid = os.fork()
+    except OSError as e:
+        report('error %s' % e)
+        os._exit(125)
+    if pid == 0:
+        os.close(go_w)
+        os.close(err_r)
+        child(go_r, err_w, prog, uid, gid, cwd, python, env)
+    os.close(go_r)
+    os.close(err_w)
+    report('pid %d' % pid)
+    os.write(go_w, b'g')
+    os.close(go_w)
+    failed = b''
+    while True:
+        b = os.read(err_r, 512)
+        if not b:
+            break
+        failed += b
+    if not failed:
+        report('ready')
+    _, status = os.waitpid(pid, 0)
+    if failed:
+        report('error %s' % failed.decode(errors='replace').replace('\n', ' '))
+        os._exit(125)
+    report('status %d' % status)
+    os.close(3)
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass  # SIGKILL and SIGSTOP need no reset
+        os.kill(os.getpid(), sig)
+        os._exit(125)
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 125)
+
+
+main()

@@ -1,0 +1,323 @@
+package subprocess
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/internal/cgroup"
+	"github.com/moatsandbox/moat/internal/engine"
+	"github.com/moatsandbox/moat/internal/uidpool"
+)
+
+// A one-shot run.
+//
+// The engine takes a prepared instance, a helper waiting for its spec, and
+// calls its Start with the code. Start leases the run's uid, makes its
+// working directory (a tmpfs of the disk limit) with the code in a file and
+// its cgroup, and hands the helper the spec: from then on the helper is the
+// run's, the init (PID 1) of its PID namespace, so that killing it kills
+// every process of the run. Wait gathers the evidence of the run's end
+// (evidence.go); Discard removes everything of it.
+
+// instance is a prepared helper and, once started, the run it serves; see
+// engine.Instance.
+type instance struct {
+	b *backend
+	h *helperProc // until Start hands it to the run's process
+
+	id      string
+	dir     string
+	mounted bool
+	lease   *uidpool.Lease
+	group   *cgroup.Group
+}
+
+// newID names a run's directory and cgroup, "<owner>-<random>", so that the
+// reaper knows its owner.
+func (b *backend) newID() string {
+	var rnd [8]byte
+	rand.Read(rnd[:])
+	return b.owner + "-" + hex.EncodeToString(rnd[:])
+}
+
+// codeName is the file a one-shot run's code is written in: argv cannot
+// carry NUL bytes, and stdin is the code's own, empty.
+const codeName = ".moat-main.py"
+
+// Start makes the run's uid, directory and cgroup and hands the helper its
+// spec; see engine.Instance.
+func (in *instance) Start(ctx context.Context, code []byte, stdout, stderr io.Writer) (engine.Process, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	b, lim := in.b, in.b.limits
+	in.id = b.newID()
+	uid, gid := -1, -1
+	if b.strict {
+		lease, err := b.uids.Acquire()
+		if err != nil {
+			return nil, fmt.Errorf("subprocess: %w", err)
+		}
+		in.lease = lease
+		uid, gid = lease.UID, lease.UID
+	}
+	in.dir = filepath.Join(b.runsDir, in.id)
+	if err := os.Mkdir(in.dir, 0o700); err != nil {
+		return nil, fmt.Errorf("subprocess: %w", err)
+	}
+	if b.strict {
+		if err := mountWorkDir(in.dir, lim.Disk, uid, gid); err != nil {
+			return nil, err
+		}
+		in.mounted = true
+	}
+	if err := writeNewFile(in.dir, codeName, code, uid, gid); err != nil {
+		if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EFBIG) {
+			return nil, fmt.Errorf("subprocess: code of %d bytes does not fit in the %v working directory: %w", len(code), lim.Disk, moat.ErrInvalid)
+		}
+		return nil, fmt.Errorf("subprocess: %w", err)
+	}
+	var atStart map[fileKey]fileStamp
+	if int64(len(code)) >= int64(lim.FileSize) {
+		// The fresh directory holds only the code file: it is not the
+		// run's, and no walk is needed on the run's path otherwise.
+		atStart = filesAtLimit(in.dir, lim.FileSize)
+	}
+	if b.strict {
+		group, err := b.cg.New(in.id, cgroup.Limits{Memory: int64(lim.Memory), Pids: int64(lim.Pids)})
+		if err != nil {
+			return nil, unavailable("cannot create the run's cgroup", "", err)
+		}
+		in.group = group
+	}
+	p := &process{b: b, h: in.h, group: in.group, dir: in.dir, mounted: in.mounted, atStart: atStart}
+	in.h = nil // the process's now, started or discarded
+	err := p.launch(b.runSpec(in.dir, uid, gid, in.group, []string{"python3", filepath.Join(in.dir, codeName)}), stdout, stderr)
+	if errors.Is(err, errHelperGone) {
+		// It died while it waited in the pool: the engine retries once
+		// on a fresh one.
+		return nil, fmt.Errorf("%w (%w)", err, engine.ErrStale)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Discard stops a helper that never got a run and removes everything of
+// the run. What it cannot remove is logged, and reaped by a later New.
+func (in *instance) Discard() {
+	if in.h != nil {
+		in.h.discard()
+		in.h = nil
+	}
+	warn := func(err error) {
+		if err != nil {
+			in.b.log.Warn("subprocess: cleanup", "id", in.id, "err", err)
+		}
+	}
+	if in.group != nil {
+		warn(in.group.Kill())
+		warn(in.group.Remove())
+	}
+	if in.dir != "" {
+		if in.mounted {
+			warn(unix.Unmount(in.dir, unix.MNT_DETACH))
+		}
+		warn(os.RemoveAll(in.dir))
+	}
+	if in.lease != nil {
+		in.lease.Release()
+	}
+}
+
+// runSpec is the helper's spec for running args (python3's argv) in dir as
+// uid and gid (-1: moat's), in group (strict hardening only): every run,
+// one-shot or in a session, is started from it.
+func (b *backend) runSpec(dir string, uid, gid int, group *cgroup.Group, args []string) spec {
+	lim := b.limits
+	sp := spec{
+		Python: b.python,
+		Args:   args,
+		Env:    []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + dir, "LANG=C.UTF-8"},
+		Dir:    dir,
+		UID:    uid,
+		GID:    gid,
+	}
+	cpu := uint64(time.Duration(lim.CPUTime).Seconds())
+	sp.Rlimits = []rlimit{
+		// SIGXCPU at the limit, SIGKILL a second later for code that
+		// ignores it.
+		{unix.RLIMIT_CPU, cpu, cpu + 1},
+		{unix.RLIMIT_FSIZE, uint64(lim.FileSize), uint64(lim.FileSize)},
+		{unix.RLIMIT_NOFILE, uint64(lim.OpenFiles), uint64(lim.OpenFiles)},
+		{unix.RLIMIT_CORE, 0, 0},
+	}
+	if !b.strict {
+		// The tutorial's memory limit: address space, per process.
+		sp.AddressSpace = uint64(lim.Memory)
+		return sp
+	}
+	sp.Cgroups = group.JoinFiles()
+	// The uid is the run's own, so RLIMIT_NPROC counts this run only.
+	sp.Rlimits = append(sp.Rlimits, rlimit{unix.RLIMIT_NPROC, uint64(lim.Pids), uint64(lim.Pids)})
+	sp.NoNewPrivs = true
+	sp.Seccomp = true
+	ro := append(append([]string{}, readOnlyDirs...), b.pyDirs...)
+	sp.Root = &rootSpec{Mount: b.rootDir, ReadOnly: ro, Devices: rwFiles, Work: dir}
+	for _, f := range readOnlyFiles {
+		if strings.HasPrefix(f, "/dev/") {
+			sp.Root.Devices = append(sp.Root.Devices, f) // Landlock keeps them read-only
+		} else {
+			sp.Root.ReadOnly = append(sp.Root.ReadOnly, f)
+		}
+	}
+	sp.Root.ReadOnly = append(sp.Root.ReadOnly, b.pyFiles...)
+	sp.Landlock = &lockSpec{
+		ReadOnly:  ro,
+		ReadFiles: readOnlyFiles,
+		ExecFiles: b.pyFiles,
+		RWFiles:   rwFiles,
+		Work:      dir,
+	}
+	return sp
+}
+
+// mountWorkDir mounts a tmpfs of disk bytes (and an inode per 4 KiB) on
+// dir, owned by uid and gid, noexec, nosuid, nodev.
+func mountWorkDir(dir string, disk moat.Bytes, uid, gid int) error {
+	inodes := int64(disk / (4 * moat.KiB))
+	if inodes < 64 {
+		inodes = 64
+	}
+	opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0700,uid=%d,gid=%d", int64(disk), inodes, uid, gid)
+	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, opts); err != nil {
+		return unavailable("cannot mount the size-limited working directory", "", err)
+	}
+	return nil
+}
+
+// writeNewFile creates name in dir with data, read-only, owned by uid and
+// gid (-1: moat's). It fails rather than follow or replace anything there.
+func writeNewFile(dir, name string, data []byte, uid, gid int) error {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o400)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if err == nil && uid >= 0 {
+		err = f.Chown(uid, gid)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		root.Remove(name)
+	}
+	return err
+}
+
+// process is a helper that has its run's spec: a one-shot run, or one run
+// of a session without an interpreter; see engine.Process.
+type process struct {
+	b       *backend
+	h       *helperProc
+	group   *cgroup.Group // strict only
+	dir     string        // the run's working directory
+	mounted bool          // dir is the run's tmpfs
+	// atStart are the files at the file size limit that dir held when the
+	// run began, the code file moat wrote included: those left as they
+	// were are not this run's doing (see fileAtLimit).
+	atStart map[fileKey]fileStamp
+	// release, if set, releases what the run's owner made for it (a
+	// session's code file and cgroup) once its evidence is taken.
+	release func()
+
+	stderrTail tailWriter
+	copied     chan struct{}
+	stopCPU    func()
+	cpuOver    atomic.Bool // the CPU watch killed the run
+	killed     atomic.Bool // Kill was called
+}
+
+// errHelperGone says the helper ended before it took its spec.
+var errHelperGone = errors.New("subprocess: the sandbox helper died before its run")
+
+// launch passes the helper's output on to stdout and stderr, hands it the
+// spec, and starts the CPU watch. On an error the helper is gone.
+func (p *process) launch(sp spec, stdout, stderr io.Writer) error {
+	arg, err := json.Marshal(sp)
+	if err != nil {
+		p.h.discard()
+		return fmt.Errorf("subprocess: %w", err)
+	}
+	p.stderrTail.n = 4096
+	p.copied = make(chan struct{}, 2)
+	go func() { io.Copy(stdout, p.h.stdout); p.copied <- struct{}{} }()
+	go func() { io.Copy(io.MultiWriter(stderr, &p.stderrTail), p.h.stderr); p.copied <- struct{}{} }()
+	_, err = p.h.spec.Write(arg)
+	p.h.spec.Close()
+	if err != nil {
+		p.h.discard()
+		<-p.copied
+		<-p.copied
+		return fmt.Errorf("%w: %v", errHelperGone, err)
+	}
+	p.stopCPU = func() {}
+	if p.group != nil {
+		// RLIMIT_CPU bounds each process; the cgroup's account bounds the
+		// run as a whole, children included.
+		p.stopCPU = p.group.WatchCPU(0, time.Duration(p.b.limits.CPUTime), func() { p.h.cmd.Process.Kill() }, &p.cpuOver)
+	}
+	return nil
+}
+
+// Kill kills the helper, init of the run's PID namespace, and with it every
+// process of the run.
+func (p *process) Kill() {
+	p.killed.Store(true)
+	p.h.cmd.Process.Kill()
+}
+
+// Wait waits for the helper to end and for the last of its output, and
+// returns the evidence; see engine.Process.
+func (p *process) Wait() (engine.Evidence, error) {
+	if p.release != nil {
+		defer p.release()
+	}
+	defer p.h.closeFiles()
+	waitErr := p.h.cmd.Wait()
+	p.stopCPU()
+	// Every holder of the output pipes was in the namespace, now gone; the
+	// bound only guards against a kernel that is slow to tear it down.
+	for range 2 {
+		select {
+		case <-p.copied:
+		case <-time.After(time.Second):
+			p.h.stdout.Close()
+			p.h.stderr.Close()
+			<-p.copied
+		}
+	}
+	status, _ := io.ReadAll(io.LimitReader(p.h.status, 4096))
+	return p.evidence(waitErr, status)
+}
