@@ -102,3 +102,25 @@ func clip(b []byte) string {
 	}
 	return string(b)
 }
+
+// SessionTarget returns a target that runs [Code] in sess, a session at
+// level, and checks the result as [SandboxTarget] does. Every run goes to
+// the same session, one after the other, as an agent's runs do. The caller
+// keeps sess and closes it after [Run].
+func SessionTarget(name string, level moat.Level, sess moat.Session) Target {
+	return Target{
+		Name:  name,
+		Level: level,
+		Run: func(ctx context.Context) error {
+			res, err := sess.Run(ctx, moat.Request{Code: []byte(Code)})
+			if err != nil {
+				return fmt.Errorf("bench: %s: %w", name, err)
+			}
+			if res.ExitCode != 0 || res.Reason != moat.ReasonNone || string(res.Stdout) != Want {
+				return fmt.Errorf("bench: %s: want exit 0 and stdout %q, got exit %d, reason %q, stdout %q, stderr %q",
+					name, Want, res.ExitCode, res.Reason, clip(res.Stdout), clip(res.Stderr))
+			}
+			return nil
+		},
+	}
+}

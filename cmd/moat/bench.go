@@ -2,6 +2,10 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/bench"
@@ -18,6 +22,7 @@ func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
 	warmup := fs.Int("warmup", 0, "unmeasured runs per row first (default 1; -1 for none)")
 	asJSON := fs.Bool("json", false, "print one JSON object {rows: [{name, level, runs, min_ms, median_ms, p90_ms, max_ms, ratio}]}")
 	quiet := fs.Bool("quiet", false, "no progress lines on standard error")
+	idle := fs.Int("idle", 0, "instead of latency, open this many idle sessions per level (plain and interpreter) and report the host memory each holds")
 	if code, ok := parseFlags(fs, args, stdio); !ok {
 		return code
 	}
@@ -38,11 +43,21 @@ func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
 	}
 	var targets []bench.Target
 	var opened []moat.Sandbox
+	var sessions []moat.Session
 	defer func() {
+		for _, ss := range sessions {
+			ss.Close()
+		}
 		for _, sb := range opened {
 			sb.Close()
 		}
 	}()
+	if *idle < 0 {
+		return exitFor(stdio, fmt.Errorf("--idle %d must not be negative: %w", *idle, moat.ErrInvalid))
+	}
+	if *idle > 0 {
+		return benchIdle(ctx, fc, lvls, *idle, *asJSON, stdio, &opened)
+	}
 	for _, l := range lvls {
 		sb, err := openLevel(ctx, fc, l)
 		if err != nil {
@@ -57,6 +72,11 @@ func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
 			t.Note = "accel " + string(v.Accel()) + ", restored from a saved template"
 		}
 		targets = append(targets, t)
+		st, err := sessionTargets(ctx, sb, &sessions, stdio)
+		if err != nil {
+			return exitFor(stdio, err)
+		}
+		targets = append(targets, st...)
 		extra, err := extraBenchTargets(fc, l, &opened)
 		if err != nil {
 			return exitFor(stdio, err)
@@ -108,4 +128,77 @@ func extraBenchTargets(fc fileConfig, l moat.Level, closers *[]moat.Sandbox) ([]
 		return []bench.Target{t}, nil
 	}
 	return nil, nil
+}
+
+// sessionTargets are the rows of runs in one session of sb, plain and with
+// a live interpreter. A level that refuses an interpreter (ErrUnavailable)
+// gets no interpreter row, and a line on stderr says why.
+func sessionTargets(ctx context.Context, sb moat.Sandbox, keep *[]moat.Session, stdio Stdio) ([]bench.Target, error) {
+	ser, ok := sb.(moat.Sessioner)
+	if !ok {
+		return nil, nil
+	}
+	var out []bench.Target
+	for _, interp := range []bool{false, true} {
+		ss, err := ser.NewSession(ctx, moat.SessionOptions{Interpreter: interp})
+		if interp && errors.Is(err, moat.ErrUnavailable) {
+			fmt.Fprintf(stdio.Err, "bench: %s: no interpreter row: %v\n", sb.Level(), err)
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		*keep = append(*keep, ss)
+		name, note := string(sb.Level())+"/session", "runs in one session, its files kept"
+		if interp {
+			name, note = string(sb.Level())+"/interpreter", "runs in one session with a live interpreter"
+		}
+		t := bench.SessionTarget(name, sb.Level(), ss)
+		t.Note = note
+		out = append(out, t)
+	}
+	return out, nil
+}
+
+// benchIdle prints how much host memory n idle sessions of each level hold.
+func benchIdle(ctx context.Context, fc fileConfig, lvls []moat.Level, n int, asJSON bool, stdio Stdio, opened *[]moat.Sandbox) int {
+	var rows []bench.IdleCost
+	for _, l := range lvls {
+		sb, err := openLevel(ctx, fc, l)
+		if err != nil {
+			return exitFor(stdio, err)
+		}
+		*opened = append(*opened, sb)
+		for _, interp := range []bool{false, true} {
+			c, err := bench.MeasureIdle(ctx, sb, n, interp)
+			if interp && errors.Is(err, moat.ErrUnavailable) {
+				fmt.Fprintf(stdio.Err, "bench: %s: no interpreter sessions: %v\n", l, err)
+				continue
+			}
+			if err != nil {
+				return exitFor(stdio, err)
+			}
+			rows = append(rows, c)
+		}
+	}
+	if asJSON {
+		enc := json.NewEncoder(stdio.Out)
+		if err := enc.Encode(map[string]any{"idle": rows}); err != nil {
+			return exitFor(stdio, err)
+		}
+		return exitOK
+	}
+	fmt.Fprintf(stdio.Out, "%-12s %-12s %9s %14s %12s\n", "level", "session", "sessions", "MiB/session", "per GiB")
+	for _, r := range rows {
+		kind := "plain"
+		if r.Interpreter {
+			kind = "interpreter"
+		}
+		per := "-" // below what the host's accounting shows
+		if r.PerGiB > 0 {
+			per = strconv.Itoa(r.PerGiB)
+		}
+		fmt.Fprintf(stdio.Out, "%-12s %-12s %9d %14.1f %12s\n", r.Level, kind, r.Sessions, float64(r.PerSession)/float64(moat.MiB), per)
+	}
+	return exitOK
 }
