@@ -1,0 +1,224 @@
+package microvm
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/moatsandbox/moat/internal/engine"
+	"github.com/moatsandbox/moat/microvm/internal/wire"
+)
+
+// backstop is how long past the wall time the host waits for the agent's
+// report before it kills the VM itself. The engine kills the run at the
+// wall time; this covers a kill that did not take.
+const backstop = 15 * time.Second
+
+// startTimeout bounds the wait for the agent's Started once the code is
+// sent.
+const startTimeout = 30 * time.Second
+
+// Prepare implements engine.Backend: a VM restored from the template (or,
+// for a cold sandbox, booted), its agent waiting for the code.
+func (b *backend) Prepare(ctx context.Context) (engine.Instance, error) {
+	vm, how, err := b.startVM(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &vmInstance{b: b, vm: vm, c: newAgentConn(vm.Agent(), nil), how: how}, nil
+}
+
+// startVM restores the template, or boots a fresh VM when the sandbox is
+// cold, and returns it running with its agent waiting.
+func (b *backend) startVM(ctx context.Context) (VM, string, error) {
+	start := time.Now()
+	if b.cfg.Cold {
+		vm, _, err := bootToHello(ctx, b.vmm, b.spec, time.Duration(b.cfg.BootTimeout))
+		if err != nil {
+			return nil, "", err
+		}
+		return vm, fmt.Sprintf("vm: cold boot to a ready agent in %d ms", time.Since(start).Milliseconds()), nil
+	}
+	vm, err := b.restore(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	return vm, fmt.Sprintf("vm: restored from template %s in %d ms", filepath.Base(b.tmpl)[:12], time.Since(start).Milliseconds()), nil
+}
+
+// restore starts a VM from the template and lets it run: its agent waits
+// for the code.
+func (b *backend) restore(ctx context.Context) (VM, error) {
+	spec := b.spec
+	spec.Restore = filepath.Join(b.tmpl, "state")
+	vm, err := b.vmm.Start(ctx, spec)
+	if errors.Is(err, fs.ErrNotExist) {
+		// A newer template of another sandbox superseded this one and
+		// removed it (see pruneTemplates): make it again.
+		if _, _, err := ensureTemplate(ctx, b.cfg.StateDir, b.vmm, b.spec, time.Duration(b.cfg.BootTimeout)); err != nil {
+			return nil, err
+		}
+		vm, err = b.vmm.Start(ctx, spec)
+	}
+	if err != nil {
+		return nil, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, time.Duration(b.cfg.BootTimeout))
+	defer cancel()
+	if err := vm.Resume(rctx); err != nil {
+		vm.Kill()
+		return nil, err
+	}
+	return vm, nil
+}
+
+// newRun is the Run frame of code under the sandbox's limits, with the
+// host's clock and fresh randomness.
+func (b *backend) newRun(code []byte) wire.Run {
+	lim := b.limits
+	seed := make([]byte, 64)
+	rand.Read(seed)
+	return wire.Run{
+		Code: code, UnixNano: time.Now().UnixNano(), Seed: seed,
+		CPUMS:  time.Duration(lim.CPUTime).Milliseconds(),
+		Memory: int64(lim.Memory), Pids: int64(lim.Pids), FileSize: int64(lim.FileSize),
+		Disk: int64(lim.Disk), OpenFiles: int64(lim.OpenFiles),
+	}
+}
+
+// vmInstance is one VM waiting for its one run.
+type vmInstance struct {
+	b   *backend
+	vm  VM
+	c   *agentConn
+	how string // how it was made, for the Result's notes
+}
+
+// Start implements engine.Instance: send the code and wait for the agent
+// to say it runs.
+func (in *vmInstance) Start(ctx context.Context, code []byte, stdout, stderr io.Writer) (engine.Process, error) {
+	select {
+	case <-in.vm.Exited():
+		return nil, fmt.Errorf("microvm: the VM restored ahead of the run has ended: %w", engine.ErrStale)
+	case <-in.c.done:
+		return nil, fmt.Errorf("microvm: the agent of the VM restored ahead of the run is gone (%v): %w", in.c.ended(), engine.ErrStale)
+	default:
+	}
+	s := in.c.runSink()
+	if err := startRun(ctx, in.c, s, in.b.newRun(code)); err != nil {
+		in.c.endRun(s)
+		in.vm.Abort()
+		return nil, err
+	}
+	return &runProcess{in: in, s: s, stdout: stdout, stderr: stderr,
+		wall: time.Duration(in.b.limits.WallTime)}, nil
+}
+
+// startRun sends r and waits for the agent's Started.
+func startRun(ctx context.Context, c *agentConn, s *sink, r wire.Run) error {
+	sent := make(chan error, 1)
+	go func() { sent <- c.sendJSON(wire.KindRun, r) }()
+	timeout := time.NewTimer(startTimeout)
+	defer timeout.Stop()
+	for {
+		select {
+		case err := <-sent:
+			if err != nil {
+				return err
+			}
+			sent = nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case f := <-s.ch:
+			switch f.kind {
+			case wire.KindStarted:
+				return nil
+			case wire.KindFail:
+				return unavailable("the guest agent failed", "", errors.New(clip(f.payload, 512)))
+			default:
+				return fmt.Errorf("microvm: the agent sent %s before the code started", f.kind)
+			}
+		case <-c.done:
+			return fmt.Errorf("microvm: the VM ended before the code started (%v)", c.ended())
+		case <-timeout.C:
+			return fmt.Errorf("microvm: the agent did not start the code within %v", startTimeout)
+		}
+	}
+}
+
+// Discard implements engine.Instance: the VM is killed.
+func (in *vmInstance) Discard() { in.vm.Kill() }
+
+// runProcess is the one run of a VM.
+type runProcess struct {
+	in             *vmInstance
+	s              *sink
+	stdout, stderr io.Writer
+	wall           time.Duration
+
+	mu         sync.Mutex
+	backstoped bool
+}
+
+// Kill implements engine.Process: the VM is killed, without waiting.
+func (p *runProcess) Kill() { p.in.vm.Abort() }
+
+// Wait implements engine.Process: the output frames go to the writers
+// until the agent's Exit, which is the evidence.
+func (p *runProcess) Wait() (engine.Evidence, error) {
+	c := p.in.c
+	defer c.endRun(p.s)
+	ev, err := waitExit(c, p.s, p.stdout, p.stderr, p.wall+backstop, func() {
+		p.mu.Lock()
+		p.backstoped = true
+		p.mu.Unlock()
+		p.in.vm.Abort()
+	})
+	ev.Notes = append(ev.Notes, p.in.how)
+	p.mu.Lock()
+	if p.backstoped {
+		ev.Notes = append(ev.Notes, "the agent did not report within the wall time; the host killed the VM")
+	}
+	p.mu.Unlock()
+	return ev, err
+}
+
+// waitExit writes a run's output frames to stdout and stderr until its
+// Exit. When no Exit has come within limit, it calls stop (which must make
+// the reader end) and goes on reading what the reader still delivers.
+func waitExit(c *agentConn, s *sink, stdout, stderr io.Writer, limit time.Duration, stop func()) (engine.Evidence, error) {
+	timer := time.NewTimer(limit)
+	defer timer.Stop()
+	for {
+		f, ok, timedOut := c.next(s, timer.C)
+		if timedOut {
+			stop()
+			continue
+		}
+		if !ok {
+			return engine.Evidence{}, fmt.Errorf("microvm: the VM ended without a report (%v)", c.ended())
+		}
+		switch f.kind {
+		case wire.KindStdout:
+			stdout.Write(f.payload)
+		case wire.KindStderr:
+			stderr.Write(f.payload)
+		case wire.KindExit:
+			e, err := parseExit(f.payload)
+			if err != nil {
+				return engine.Evidence{}, err
+			}
+			return evidence(e), nil
+		case wire.KindFail:
+			return engine.Evidence{}, unavailable("the guest agent failed", "", errors.New(clip(f.payload, 512)))
+		default:
+			return engine.Evidence{}, fmt.Errorf("microvm: the agent sent %s during the run", f.kind)
+		}
+	}
+}
