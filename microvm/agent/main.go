@@ -35,10 +35,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -85,6 +86,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "moat guest agent: must run as PID 1 of a moat VM")
 		os.Exit(2)
 	}
+	reaped = newReaper()
 	a := &agent{}
 	if err := a.boot(); err != nil {
 		a.fatal(fmt.Errorf("boot: %w", err))
@@ -106,8 +108,9 @@ type agent struct {
 	files *files
 }
 
-// zygoteSource is the Python program that waits, in the template, for the
-// path of the code on descriptor 3 and then runs the code as `python3 PATH`
+// zygoteSource is the Python program that, once started, closes
+// descriptor 4 (the agent then knows it is ready), waits for the path of
+// the code on descriptor 3 and then runs the code as `python3 PATH`
 // would: as module __main__ with its own globals, sys.argv and sys.path[0]
 // set from PATH, the traceback of an uncaught exception printed by
 // sys.excepthook without the zygote's frame and exit status 1 (an uncaught
@@ -119,6 +122,7 @@ type agent struct {
 // TestZygoteAsPython3 compares the two.
 const zygoteSource = `import os, sys
 def _moat_main():
+    os.close(4)
     with os.fdopen(3, 'rb') as f:
         path = f.read().decode()
     with open(path, 'rb') as f:
@@ -172,8 +176,12 @@ type zygote struct {
 	out, errs *os.File // its stdout and stderr
 }
 
+// zygoteReady bounds the wait for a new python3 to be ready.
+const zygoteReady = time.Minute
+
 // startZygote starts zygoteSource in the run's root and uid, in a new
-// cgroup, group.
+// cgroup, group, and waits until it is ready: what is left for a run is
+// the code.
 func startZygote(group string) (*zygote, error) {
 	if err := os.Mkdir(group, 0o755); err != nil {
 		return nil, err
@@ -205,13 +213,27 @@ func startZygote(group string) (*zygote, error) {
 	defer devNull.Close()
 	cmd := pythonCmd(codeDir + "/zygote.py")
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = devNull, outW, errW
-	cmd.ExtraFiles = []*os.File{goR}
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer readyR.Close()
+	cmd.ExtraFiles = []*os.File{goR, readyW}
 	cmd.SysProcAttr.UseCgroupFD = true
 	cmd.SysProcAttr.CgroupFD = int(cg.Fd())
-	if err := cmd.Start(); err != nil {
+	err = reaped.start(cmd)
+	readyW.Close()
+	if err != nil {
 		return nil, fmt.Errorf("start python3: %w", err)
 	}
-	return &zygote{cmd: cmd, group: group, start: goW, out: outR, errs: errR}, nil
+	z := &zygote{cmd: cmd, group: group, start: goW, out: outR, errs: errR}
+	// python3 closes its end when it is ready, or dies.
+	readyR.SetReadDeadline(time.Now().Add(zygoteReady))
+	if _, err := readyR.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		cmd.Process.Kill()
+		return nil, fmt.Errorf("python3 was not ready within %v: %v", zygoteReady, err)
+	}
+	return z, nil
 }
 
 func (a *agent) send(k wire.Kind, p []byte) error {
@@ -657,7 +679,7 @@ func (a *agent) run(r *wire.Run, st *runState) (*wire.Exit, error) {
 		// Killed before its code was released: nothing of it ran.
 		killGroup(group)
 		z.start.Close()
-		z.cmd.Wait()
+		reaped.wait(z.cmd.Process.Pid)
 		z.out.Close()
 		z.errs.Close()
 		return &wire.Exit{Signal: int(unix.SIGKILL)}, nil
@@ -749,7 +771,7 @@ func (a *agent) run(r *wire.Run, st *runState) (*wire.Exit, error) {
 			}
 		}
 	}()
-	waitErr := cmd.Wait()
+	ws := reaped.wait(cmd.Process.Pid)
 	close(done)
 	wallMS := time.Since(start).Milliseconds()
 	// Whatever the code left running dies with it.
@@ -765,7 +787,7 @@ func (a *agent) run(r *wire.Run, st *runState) (*wire.Exit, error) {
 	if a.files != nil {
 		skip = a.files.committed()
 	}
-	return report(cmd.ProcessState, waitErr, r, evidence{
+	return report(ws, r, evidence{
 		overTime: over.Load(),
 		cpuMS:    cpuUsageMS(group) - baseMS,
 		wallMS:   wallMS,
@@ -803,15 +825,10 @@ type evidence struct {
 	diskFull    func() bool // the writable layer has no space or no inode left
 }
 
-// report makes the Exit of a run with limits r from python3's state after
-// Wait (nil, with waitErr, when Wait could not reap it) and ev. It states
-// facts only; the host decides the reason.
-func report(ps *os.ProcessState, waitErr error, r *wire.Run, ev evidence) (*wire.Exit, error) {
-	if ps == nil {
-		return nil, fmt.Errorf("wait for python3: %w", waitErr)
-	}
+// report makes the Exit of a run with limits r from python3's wait status
+// and ev. It states facts only; the host decides the reason.
+func report(ws syscall.WaitStatus, r *wire.Run, ev evidence) (*wire.Exit, error) {
 	exit := &wire.Exit{CPUMS: ev.cpuMS, WallMS: ev.wallMS}
-	ws, _ := ps.Sys().(syscall.WaitStatus)
 	if ws.Signaled() {
 		exit.Signal = int(ws.Signal())
 	} else {
@@ -824,6 +841,83 @@ func report(ps *os.ProcessState, waitErr error, r *wire.Run, ev evidence) (*wire
 	exit.FileSize = ev.fileAtLimit()
 	exit.Disk = ev.diskFull()
 	return exit, nil
+}
+
+// reaped is the agent's one reaper. As PID 1 the agent inherits every
+// process whose parent died before it (a run's children once its python3
+// is killed, a daemon the code double-forked), and a zombie it does not
+// reap keeps its pid and its place in the run's pids cgroup. So the agent
+// reaps every child itself, as they end, and hands the status of the
+// ones it started (python3) to whoever waits for them; no exec.Cmd.Wait.
+// main starts it (never a test: it would reap the test's children).
+var reaped *reaper
+
+type reaper struct {
+	mu      sync.Mutex
+	waiting map[int]chan syscall.WaitStatus // the children started and not yet waited for
+}
+
+func newReaper() *reaper {
+	r := &reaper{waiting: map[int]chan syscall.WaitStatus{}}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, unix.SIGCHLD)
+	go func() {
+		// A SIGCHLD may stand for several children; the tick catches one
+		// that came between a reap and the next wait for the signal.
+		tick := time.NewTicker(time.Second)
+		for {
+			select {
+			case <-sig:
+			case <-tick.C:
+			}
+			r.reapAll()
+		}
+	}()
+	return r
+}
+
+// start starts cmd and makes its status one that wait can take.
+func (r *reaper) start(cmd *exec.Cmd) error {
+	// Held over the start: a child that ends at once is reaped only after
+	// it is registered.
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	r.waiting[cmd.Process.Pid] = make(chan syscall.WaitStatus, 1)
+	return nil
+}
+
+func (r *reaper) reapAll() {
+	for {
+		var ws syscall.WaitStatus
+		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+		if err == syscall.EINTR {
+			continue
+		}
+		if pid <= 0 || err != nil {
+			return
+		}
+		r.mu.Lock()
+		if ch, ok := r.waiting[pid]; ok {
+			ch <- ws
+		}
+		r.mu.Unlock()
+	}
+}
+
+// wait returns the status of pid, a child started by start, once it has
+// ended.
+func (r *reaper) wait(pid int) syscall.WaitStatus {
+	r.mu.Lock()
+	ch := r.waiting[pid]
+	r.mu.Unlock()
+	ws := <-ch
+	r.mu.Lock()
+	delete(r.waiting, pid)
+	r.mu.Unlock()
+	return ws
 }
 
 // pythonCmd returns python3 with args, to run in the run's root as the

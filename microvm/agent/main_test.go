@@ -301,7 +301,7 @@ func TestReport(t *testing.T) {
 		probe := func(c string, v bool) func() bool {
 			return func() bool { asked += c; return v }
 		}
-		exit, err := report(states()[tt.state], nil, lim, evidence{
+		exit, err := report(states()[tt.state].Sys().(syscall.WaitStatus), lim, evidence{
 			overTime: tt.ev.over, cpuMS: tt.ev.cpuMS, wallMS: 1234,
 			oomKilled: probe("O", tt.ev.oom), pidsRefused: probe("P", tt.ev.pids),
 			fileAtLimit: probe("F", tt.ev.file), diskFull: probe("D", tt.ev.diskFull),
@@ -318,31 +318,6 @@ func TestReport(t *testing.T) {
 		if asked != "OPFD" {
 			t.Errorf("%s: looked at %q, want each piece of evidence once (OPFD)", name, asked)
 		}
-	}
-}
-
-// When Wait could not reap python3, there is no state to report: an error,
-// which the agent sends as Fail, rather than a panic of PID 1 (which takes
-// the guest kernel down with it and tells the host nothing).
-func TestReportWithoutState(t *testing.T) {
-	cmd := exec.Command("/bin/true")
-	waitErr := cmd.Wait() // never started: no ProcessState
-	if waitErr == nil || cmd.ProcessState != nil {
-		t.Fatalf("Wait of a command never started = %v, %v", waitErr, cmd.ProcessState)
-	}
-	never := func() bool { t.Error("evidence asked for a run with no state"); return false }
-	var exit *wire.Exit
-	var err error
-	func() {
-		defer func() {
-			if p := recover(); p != nil {
-				t.Fatalf("report panicked: %v", p)
-			}
-		}()
-		exit, err = report(cmd.ProcessState, waitErr, &wire.Run{}, evidence{oomKilled: never, pidsRefused: never, fileAtLimit: never, diskFull: never})
-	}()
-	if exit != nil || err == nil || !errors.Is(err, waitErr) || !strings.HasPrefix(err.Error(), "wait for python3: ") {
-		t.Errorf("report = %+v, %v; want an error wrapping %v", exit, err, waitErr)
 	}
 }
 
@@ -638,7 +613,7 @@ print(__annotations__)
 		{"the code's own source", "import inspect\ndef f():\n    return 1\nprint(inspect.getsource(f), end='')\n"},
 		{"a class pickled from __main__", "import pickle\nclass C:\n    x = 3\nprint(pickle.loads(pickle.dumps(C())).x, C.__module__)\n"},
 		{"a warning", "import warnings\nwarnings.warn('careful')\n"},
-		{"the zygote's start pipe is closed", "import os\ntry:\n    os.fstat(3)\nexcept OSError as e:\n    print(e.errno)\n"},
+		{"the zygote's pipes are closed", "import os\nfor fd in 3, 4:\n    try:\n        os.fstat(fd)\n    except OSError as e:\n        print(e.errno)\n"},
 		{"no code", ""},
 		{"an uncaught exception", "def f():\n    raise KeyError('deep')\nf()\n"},
 		{"a chained exception", "try:\n    1/0\nexcept Exception as e:\n    raise ValueError('x') from e\n"},
@@ -725,7 +700,13 @@ func runPython(t *testing.T, cmd *exec.Cmd, path string) pyRun {
 			t.Fatal(err)
 		}
 		defer r.Close()
-		cmd.ExtraFiles = []*os.File{r}
+		// Descriptor 4, which the zygote closes once it is ready.
+		_, ready, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ready.Close()
+		cmd.ExtraFiles = []*os.File{r, ready}
 		start = w
 	}
 	if err := cmd.Start(); err != nil {
