@@ -214,13 +214,16 @@ func New(cfg Config) (*Sandbox, error) {
 		log.Info("microvm: template", "dir", dir, "boot_ms", meta.BootMS, "save_ms", meta.SaveMS, "bytes", meta.Size, "took", time.Since(start))
 	}
 	e, err := engine.New(engine.Config{
-		Level:   moat.LevelMicroVM,
-		Limits:  cfg.Limits,
-		Warm:    warm,
-		MaxRuns: b.maxVMs,
-		MaxCode: wire.MaxCode,
-		Notes:   []string{b.note},
-		Logger:  log,
+		Level:  moat.LevelMicroVM,
+		Limits: cfg.Limits,
+		Warm:   warm,
+		// Under TCG a restore keeps a host CPU busy: it waits for the
+		// run's end rather than competing with it.
+		RefillAfterRun: b.spec.Accel == AccelTCG,
+		MaxRuns:        b.maxVMs,
+		MaxCode:        wire.MaxCode,
+		Notes:          []string{b.note},
+		Logger:         log,
 	}, b)
 	if err != nil {
 		return nil, err
