@@ -1,15 +1,22 @@
-// Package agent runs a Claude agent whose one tool, run_python, runs the
-// code the model writes in a [moat.Sandbox].
+// Package agent runs a Claude agent whose tools run the code the model
+// writes in a [moat.Sandbox].
 //
 // The loop talks to the Anthropic Messages API through Anthropic's official
-// Go SDK: it sends the task, runs every run_python call the model makes and
-// sends back the results, until the model gives its final answer or the turn
+// Go SDK: it sends the task, runs every tool call the model makes and sends
+// back the results, until the model gives its final answer or the turn
 // limit is reached. It prints each step as it goes — what the model said,
 // the code it wrote, the result it got, its answer — to
 // [Config.Transcript].
 //
+// By default the model has one tool, run_python, and each call starts from
+// nothing. With [Config.Sessions], each Run's conversation has one
+// [moat.Session] for its life: run_python's calls run in it, so that files
+// (and with [Config.Interpreter], variables) persist between them, and the
+// model also gets write_file, read_file and list_files on its files. The
+// session is closed when Run returns.
+//
 // The agent takes a Sandbox, never a concrete level: the operator chooses the
-// level and its limits, and changing them changes nothing here. The tool's
+// level and its limits, and changing them changes nothing here. run_python's
 // input is {"code": "..."} and nothing else (see package tool).
 package agent
 
@@ -37,12 +44,29 @@ const (
 	DefaultMaxTurns = 10
 	// DefaultMaxTokens is the most tokens the model may write per turn.
 	DefaultMaxTokens = 4096
-	// DefaultSystem is the system prompt used when Config.System is empty.
+	// DefaultSystem is the system prompt used when Config.System is empty
+	// and Config.Sessions is off.
 	DefaultSystem = "You solve the user's task. You have one tool, run_python, which runs a " +
 		"Python 3 program in a sandbox and tells you its stdout, stderr and exit code. Use it " +
 		"to compute, check and try things rather than guessing. Each call starts fresh: " +
 		"nothing is kept between calls, and there is no network. When you are done, answer " +
 		"plainly with the result."
+	// DefaultSessionSystem is the system prompt used when Config.System is
+	// empty, with Config.Sessions and without Config.Interpreter.
+	DefaultSessionSystem = "You solve the user's task. Your tools work in one sandbox session kept for this task: " +
+		"run_python runs a Python 3 program and tells you its stdout, stderr and exit code, and write_file, " +
+		"read_file and list_files work on the files of its working directory. Files persist between calls; " +
+		"variables do not (each run_python call is a fresh interpreter), so keep what you need in files. Use the " +
+		"tools to compute, check and try things rather than guessing. There is no network. When you are done, " +
+		"answer plainly with the result."
+	// DefaultInterpreterSystem is the system prompt used when Config.System
+	// is empty, with Config.Sessions and Config.Interpreter.
+	DefaultInterpreterSystem = "You solve the user's task. Your tools work in one sandbox session kept for this task: " +
+		"run_python runs Python 3 code in a live interpreter, like a notebook cell, and tells you its stdout, stderr " +
+		"and exit code, and write_file, read_file and list_files work on the files of its working directory. " +
+		"Variables and files persist between calls, except that a call that times out or hits a limit restarts the " +
+		"interpreter and its variables are lost (the result says so). Use the tools to compute, check and try things " +
+		"rather than guessing. There is no network. When you are done, answer plainly with the result."
 )
 
 // EnvAPIKey is the environment variable the command reads the key from.
@@ -75,7 +99,8 @@ type Config struct {
 	// BaseURL is the API's address. Empty means the SDK's default, the
 	// production API. Tests point it at a local server.
 	BaseURL string `json:"base_url,omitempty"`
-	// System is the system prompt. Empty means DefaultSystem.
+	// System is the system prompt. Empty means DefaultSystem, or with
+	// Sessions DefaultSessionSystem or DefaultInterpreterSystem.
 	System string `json:"system,omitempty"`
 	// MaxCode is the largest program the tool accepts, in bytes. Zero means
 	// tool.DefaultMaxCode (1 MiB).
@@ -84,6 +109,19 @@ type Config struct {
 	// shows the model, in bytes; the middle of longer output is cut, with a
 	// note. Zero means tool.DefaultMaxOutput (8 KiB).
 	MaxOutput int `json:"max_output,omitempty"`
+	// Sessions gives each Run's conversation one moat session for its
+	// life, made when Run starts and closed when it returns: run_python's
+	// calls run in it, so that files persist between them, and the model
+	// also gets write_file, read_file and list_files on its files. The
+	// sandbox must implement moat.Sessioner (New fails otherwise); when it
+	// cannot make a session, Run fails with that error before asking the
+	// model anything. False means run_python alone, each call from nothing.
+	Sessions bool `json:"sessions,omitempty"`
+	// Interpreter, with Sessions, keeps a live Python interpreter in the
+	// session (moat.SessionOptions.Interpreter), so that variables persist
+	// between run_python calls too, until a call times out or hits a
+	// limit. It needs Sessions.
+	Interpreter bool `json:"interpreter,omitempty"`
 	// Transcript receives each step, readably, as it happens. Nil means
 	// discard.
 	Transcript io.Writer `json:"-"`
@@ -111,6 +149,9 @@ func (c Config) Validate() error {
 	if c.MaxOutput < 0 {
 		bad = append(bad, fmt.Sprintf("max output %d is negative", c.MaxOutput))
 	}
+	if c.Interpreter && !c.Sessions {
+		bad = append(bad, "a live interpreter needs sessions (set sessions too)")
+	}
 	if len(bad) > 0 {
 		return fmt.Errorf("agent: config: %s: %w", strings.Join(bad, "; "), moat.ErrInvalid)
 	}
@@ -128,18 +169,23 @@ func APIKeyFromEnv(lookup func(string) (string, bool)) (string, error) {
 }
 
 // Agent runs tasks. It is safe for concurrent use: each Run has its own
-// conversation. It holds no resources of its own; the caller closes the
-// Sandbox.
+// conversation (and with Sessions its own moat session). It holds no
+// resources between Runs; the caller closes the Sandbox.
 type Agent struct {
-	cfg    Config
-	client anthropic.Client
-	tool   anthropic.ToolUnionParam
-	runner *tool.Runner
-	out    io.Writer
-	log    *slog.Logger
+	cfg       Config
+	client    anthropic.Client
+	tools     []anthropic.ToolUnionParam
+	names     map[string]bool // of the tools offered
+	sb        moat.Sandbox
+	runner    *tool.Runner   // without sessions
+	sessioner moat.Sessioner // with sessions
+	out       io.Writer
+	log       *slog.Logger
 }
 
-// New returns an Agent that runs its tool's code in sb.
+// New returns an Agent that runs its tools' code in sb. With cfg.Sessions,
+// sb must implement moat.Sessioner; New fails with an error wrapping
+// moat.ErrUnavailable if it does not.
 func New(sb moat.Sandbox, cfg Config) (*Agent, error) {
 	if sb == nil {
 		return nil, fmt.Errorf("agent: nil sandbox: %w", moat.ErrInvalid)
@@ -156,27 +202,49 @@ func New(sb moat.Sandbox, cfg Config) (*Agent, error) {
 	if cfg.MaxTokens == 0 {
 		cfg.MaxTokens = DefaultMaxTokens
 	}
-	if cfg.System == "" {
-		cfg.System = DefaultSystem
-	}
-	a := &Agent{cfg: cfg, out: cfg.Transcript, log: cfg.Logger}
+	a := &Agent{cfg: cfg, sb: sb, out: cfg.Transcript, log: cfg.Logger, names: map[string]bool{}}
 	if a.out == nil {
 		a.out = io.Discard
 	}
 	if a.log == nil {
 		a.log = slog.New(slog.DiscardHandler)
 	}
-	a.runner = &tool.Runner{Sandbox: sb, MaxCode: cfg.MaxCode, MaxOutput: cfg.MaxOutput, Logger: a.log}
-
-	var schema anthropic.ToolInputSchemaParam
-	if err := json.Unmarshal(tool.InputSchema(), &schema); err != nil {
-		return nil, fmt.Errorf("agent: the tool's schema: %w", err)
+	var specs []tool.Spec
+	switch {
+	case cfg.Sessions:
+		sessioner, ok := sb.(moat.Sessioner)
+		if !ok {
+			return nil, &moat.UnavailableError{Level: sb.Level(), Reason: "the agent was asked for a session, and this sandbox keeps none",
+				Remedy: "run without sessions, or choose a level that keeps them"}
+		}
+		a.sessioner = sessioner
+		specs = tool.SessionTools(cfg.Interpreter)
+	default:
+		a.runner = &tool.Runner{Sandbox: sb, MaxCode: cfg.MaxCode, MaxOutput: cfg.MaxOutput, Logger: a.log}
+		specs = a.runner.Tools()
 	}
-	a.tool = anthropic.ToolUnionParam{OfTool: &anthropic.ToolParam{
-		Name:        tool.Name,
-		Description: anthropic.String(tool.Description),
-		InputSchema: schema,
-	}}
+	if a.cfg.System == "" {
+		switch {
+		case cfg.Interpreter:
+			a.cfg.System = DefaultInterpreterSystem
+		case cfg.Sessions:
+			a.cfg.System = DefaultSessionSystem
+		default:
+			a.cfg.System = DefaultSystem
+		}
+	}
+	for _, t := range specs {
+		var schema anthropic.ToolInputSchemaParam
+		if err := json.Unmarshal(t.InputSchema, &schema); err != nil {
+			return nil, fmt.Errorf("agent: the schema of %s: %w", t.Name, err)
+		}
+		a.tools = append(a.tools, anthropic.ToolUnionParam{OfTool: &anthropic.ToolParam{
+			Name:        t.Name,
+			Description: anthropic.String(t.Description),
+			InputSchema: schema,
+		}})
+		a.names[t.Name] = true
+	}
 
 	// The environment is not consulted (no ANTHROPIC_BASE_URL, no
 	// profiles): what the caller configured is what is used.
@@ -199,22 +267,41 @@ type Answer struct {
 	StopReason string
 	// Turns is the number of requests made to the model.
 	Turns int
-	// ToolCalls is the number of run_python calls made, bad ones included.
+	// ToolCalls is the number of tool calls made, bad ones included.
 	ToolCalls int
 }
 
 // Run gives the model task and runs the loop until the model answers
-// without calling the tool, or MaxTurns requests have been made. It returns
+// without calling a tool, or MaxTurns requests have been made. It returns
 // the answer, or with ErrMaxTurns the Answer so far. An error from the API,
 // or ctx's cancellation, ends the loop with that error. Failures of the
 // model's code, and bad tool calls, are told to the model and do not end
-// the loop.
+// the loop. With Sessions, Run first makes the conversation's moat session,
+// failing if it cannot, and closes it before it returns.
 func (a *Agent) Run(ctx context.Context, task string) (*Answer, error) {
 	if strings.TrimSpace(task) == "" {
 		return nil, fmt.Errorf("agent: empty task: %w", moat.ErrInvalid)
 	}
+	var caller tool.Caller = a.runner
+	kept := "nothing kept between calls"
+	if a.sessioner != nil {
+		sess, err := a.sessioner.NewSession(ctx, moat.SessionOptions{Interpreter: a.cfg.Interpreter})
+		if err != nil {
+			return nil, fmt.Errorf("agent: the conversation's sandbox session: %w", err)
+		}
+		defer func() {
+			if err := sess.Close(); err != nil {
+				a.log.Warn("agent: closing the sandbox session", "err", err)
+			}
+		}()
+		caller = &tool.SessionRunner{Session: sess, Interpreter: a.cfg.Interpreter, MaxCode: a.cfg.MaxCode, MaxOutput: a.cfg.MaxOutput, Logger: a.log}
+		kept = "one session: files kept between calls"
+		if a.cfg.Interpreter {
+			kept = "one session with a live interpreter: files and variables kept between calls"
+		}
+	}
 	fmt.Fprintf(a.out, "task: %s\n", task)
-	fmt.Fprintf(a.out, "model: %s, level: %s, at most %d turns\n", a.cfg.Model, a.runner.Sandbox.Level(), a.cfg.MaxTurns)
+	fmt.Fprintf(a.out, "model: %s, level: %s (%s), at most %d turns\n", a.cfg.Model, a.sb.Level(), kept, a.cfg.MaxTurns)
 
 	messages := []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock(task))}
 	ans := &Answer{}
@@ -228,7 +315,7 @@ func (a *Agent) Run(ctx context.Context, task string) (*Answer, error) {
 			MaxTokens: a.cfg.MaxTokens,
 			System:    []anthropic.TextBlockParam{{Text: a.cfg.System}},
 			Messages:  messages,
-			Tools:     []anthropic.ToolUnionParam{a.tool},
+			Tools:     a.tools,
 		})
 		if err != nil {
 			return ans, fmt.Errorf("agent: turn %d: messages api: %w", turn, err)
@@ -264,7 +351,7 @@ func (a *Agent) Run(ctx context.Context, task string) (*Answer, error) {
 				continue
 			}
 			ans.ToolCalls++
-			results = append(results, a.call(ctx, use))
+			results = append(results, a.call(ctx, caller, use))
 			if err := ctx.Err(); err != nil {
 				return ans, fmt.Errorf("agent: %w", err)
 			}
@@ -280,20 +367,22 @@ func (a *Agent) Run(ctx context.Context, task string) (*Answer, error) {
 	return ans, fmt.Errorf("%w (%d turns)", ErrMaxTurns, a.cfg.MaxTurns)
 }
 
-// call runs one tool_use block and returns its tool_result.
-func (a *Agent) call(ctx context.Context, use anthropic.ToolUseBlock) anthropic.ContentBlockParamUnion {
-	if use.Name != tool.Name {
-		err := fmt.Errorf("agent: unknown tool %q; the only tool is %s", use.Name, tool.Name)
+// call runs one tool_use block with caller and returns its tool_result.
+func (a *Agent) call(ctx context.Context, caller tool.Caller, use anthropic.ToolUseBlock) anthropic.ContentBlockParamUnion {
+	switch {
+	case !a.names[use.Name]:
 		fmt.Fprintf(a.out, "tool call to unknown tool %q\n", use.Name)
-		return anthropic.NewToolResultBlock(use.ID, tool.ErrorText(err), true)
-	}
-	if code, err := tool.ParseInput(use.Input, a.cfg.MaxCode); err == nil {
-		fmt.Fprintf(a.out, "run_python:\n%s", indent(clip(code)))
-	} else {
-		fmt.Fprintf(a.out, "run_python with bad input:\n%s", indent(clip(string(use.Input))))
+	case use.Name == tool.Name:
+		if code, err := tool.ParseInput(use.Input, a.cfg.MaxCode); err == nil {
+			fmt.Fprintf(a.out, "run_python:\n%s", indent(clip(code)))
+		} else {
+			fmt.Fprintf(a.out, "run_python with bad input:\n%s", indent(clip(string(use.Input))))
+		}
+	default:
+		fmt.Fprintf(a.out, "%s:\n%s", use.Name, indent(clip(string(use.Input))))
 	}
 	start := time.Now()
-	out := a.runner.Call(ctx, use.Input)
+	out := caller.CallTool(ctx, use.Name, use.Input)
 	fmt.Fprintf(a.out, "result (%s%s):\n%s", time.Since(start).Round(time.Millisecond), errNote(out.IsError), indent(out.Text))
 	return anthropic.NewToolResultBlock(use.ID, out.Text, out.IsError)
 }

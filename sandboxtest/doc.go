@@ -49,6 +49,17 @@
 // after Run returns; checks that write files name them with a random string
 // and search the host's temporary and state directories for it.
 //
+// Sessions have a suite of their own, [TestSessions], which a level that
+// implements [moat.Sessioner] runs with the same factory:
+//
+//	sandboxtest.TestSessions(t, newSandbox, sandboxtest.SessionsOptions{})
+//
+// It checks that files persist between runs and through the file
+// operations, that the operations refuse escapes and planted links, the
+// limits of runs and of the session's disk, that nothing left behind runs
+// between runs, that sessions are kept apart, the live interpreter, and
+// closing (see TestSessions for the list).
+//
 // The suite judges from the host where it can (processes, files) and never
 // from the level's own word alone. It needs python3 in the sandbox, runs as
 // the level's tests run (as root on CI), and must not be called from a

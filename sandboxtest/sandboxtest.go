@@ -280,7 +280,12 @@ func (b *box) runReq(t *testing.T, ctx context.Context, req moat.Request) *moat.
 // that, runGuarded abandons it (its goroutine leaks, which NoLeaks reports)
 // so that the suite fails instead of hanging.
 func (b *box) runGuarded(ctx context.Context, req moat.Request) (*moat.Result, time.Duration, error) {
-	guard := hangGuard(b.limits)
+	return runGuarded(ctx, b.limits, b.Run, req)
+}
+
+// runGuarded is box.runGuarded for any Run: a sandbox's or a session's.
+func runGuarded(ctx context.Context, limits moat.Limits, run func(context.Context, moat.Request) (*moat.Result, error), req moat.Request) (*moat.Result, time.Duration, error) {
+	guard := hangGuard(limits)
 	ctx, cancel := context.WithTimeoutCause(ctx, guard, errHung)
 	defer cancel()
 	type outcome struct {
@@ -290,7 +295,7 @@ func (b *box) runGuarded(ctx context.Context, req moat.Request) (*moat.Result, t
 	done := make(chan outcome, 1)
 	start := time.Now()
 	go func() {
-		res, err := b.Run(ctx, req)
+		res, err := run(ctx, req)
 		done <- outcome{res, err}
 	}()
 	var o outcome
@@ -298,11 +303,11 @@ func (b *box) runGuarded(ctx context.Context, req moat.Request) (*moat.Result, t
 	case o = <-done:
 	case <-time.After(guard + abandon):
 		return nil, time.Since(start), fmt.Errorf("run still going %v after the suite cancelled it for exceeding %v with a wall time of %v; abandoned: %w",
-			abandon, guard, b.limits.WallTime, errHung)
+			abandon, guard, limits.WallTime, errHung)
 	}
 	elapsed := time.Since(start)
 	if context.Cause(ctx) == errHung {
-		return o.res, elapsed, fmt.Errorf("run still going after %v with a wall time of %v, cancelled by the suite (result %s): %w", guard, b.limits.WallTime, describe(o.res), errHung)
+		return o.res, elapsed, fmt.Errorf("run still going after %v with a wall time of %v, cancelled by the suite (result %s): %w", guard, limits.WallTime, describe(o.res), errHung)
 	}
 	return o.res, elapsed, o.err
 }

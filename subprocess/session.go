@@ -473,6 +473,15 @@ func mkdirAllOwned(root *os.Root, dir string, uid, gid int) error {
 		p := strings.Join(parts[:i+1], "/")
 		err := root.Mkdir(p, 0o755)
 		if errors.Is(err, fs.ErrExist) {
+			// Only a directory is there already as it should be; Stat
+			// follows a link only inside root.
+			fi, err := root.Stat(p)
+			if err != nil {
+				return err
+			}
+			if !fi.IsDir() {
+				return &fs.PathError{Op: "mkdir", Path: p, Err: syscall.ENOTDIR}
+			}
 			continue
 		}
 		if err != nil {

@@ -1,18 +1,25 @@
-// Package tool defines run_python, the one tool that moat offers to a
-// language model, in one place: its name, description and input schema, how
-// its input is checked, and how a run's result is told back to the model.
+// Package tool defines the tools that moat offers to a language model, in
+// one place: their names, descriptions and input schemas, how their input is
+// checked, and how what happened is told back to the model.
 //
 // The agent (package agent, through the Anthropic Messages API) and the MCP
-// server (package mcpserver) both use it, so the tool means the same thing
-// whichever way a model reaches it.
+// server (package mcpserver) both use it, so a tool means the same thing
+// whichever way a model reaches it. Both see the tools through [Caller]:
 //
-// The tool's input is {"code": "..."} and nothing else. The isolation level,
-// the limits and every other setting belong to the operator who built the
-// [moat.Sandbox]; a model cannot choose them. Bad input (a missing or extra
-// field, code that is not a string, code over the size cap) and sandbox
-// failures come back as tool errors the model can read; a failure of the
-// code itself (an exception, a non-zero exit, a limit hit) is an ordinary
-// result.
+//   - [Runner] offers run_python alone, each call in a fresh run of a
+//     [moat.Sandbox]: nothing is kept from one call to the next.
+//   - [SessionRunner] offers run_python in one [moat.Session], so that files
+//     (and, with a live interpreter, variables) persist between calls, and
+//     the file tools write_file, read_file and list_files on the session's
+//     working directory.
+//
+// run_python's input is {"code": "..."} and nothing else. The isolation
+// level, the limits and every other setting belong to the operator who built
+// the [moat.Sandbox]; a model cannot choose them. Bad input (a missing or
+// extra field, a value of the wrong type, code or a file over its size cap, a
+// file name that leaves the working directory), a missing file and sandbox
+// failures come back as tool errors the model can read; a failure of the code
+// itself (an exception, a non-zero exit, a limit hit) is an ordinary result.
 package tool
 
 import (
@@ -61,6 +68,35 @@ func InputSchema() json.RawMessage {
 	return json.RawMessage(schema)
 }
 
+// Spec describes one tool as a model is offered it: what the MCP server
+// lists and what the agent sends with each request.
+type Spec struct {
+	Name        string          // as the model calls it, e.g. "run_python"
+	Title       string          // a short title for people, e.g. "Run Python in a sandbox"
+	Description string          // what the tool does, for the model
+	InputSchema json.RawMessage // a JSON Schema object
+	// ReadOnly is true when a call changes nothing, not even the files of
+	// the session.
+	ReadOnly bool
+}
+
+// Caller is what the agent and the MCP server call: a set of tools and a
+// way to run one call of them. [Runner] and [SessionRunner] implement it.
+type Caller interface {
+	// Tools lists the tools offered, in the order they are offered.
+	Tools() []Spec
+	// CallTool runs one call of the tool name with args, the input as the
+	// model sent it (a JSON object). It never fails: an unknown tool, bad
+	// input and sandbox failures are Outcomes with IsError set. Cancelling
+	// ctx cancels the call.
+	CallTool(ctx context.Context, name string, args json.RawMessage) Outcome
+}
+
+// runPythonSpec is run_python's Spec, with its description for the mode.
+func runPythonSpec(description string) Spec {
+	return Spec{Name: Name, Title: "Run Python in a sandbox", Description: description, InputSchema: InputSchema()}
+}
+
 // Defaults for [Runner].
 const (
 	// DefaultMaxCode is the largest program the tool accepts, in bytes.
@@ -89,17 +125,36 @@ type Runner struct {
 	Logger *slog.Logger
 }
 
-// Outcome is what one call of the tool produced.
+var _ Caller = (*Runner)(nil)
+
+// Tools returns run_python alone, described as running each call from
+// nothing.
+func (r *Runner) Tools() []Spec { return []Spec{runPythonSpec(Description)} }
+
+// CallTool runs a call of run_python, the Runner's one tool; any other name
+// is a tool error. See [Runner.Call].
+func (r *Runner) CallTool(ctx context.Context, name string, args json.RawMessage) Outcome {
+	if name != Name {
+		return unknownTool(name, r.Tools())
+	}
+	return r.Call(ctx, args)
+}
+
+// Outcome is what one call of a tool produced.
 type Outcome struct {
-	// Code is the program the model sent, or "" when the input was bad.
+	// Tool is the name of the tool called, as the model sent it.
+	Tool string
+	// Code is the program the model sent to run_python, or "" when the
+	// input was bad or the tool is another.
 	Code string
-	// Result is the sandbox's result, or nil when the code did not run.
+	// Result is the sandbox's result, or nil when no code ran.
 	Result *moat.Result
-	// Err is why the code did not run: bad input (errors.Is
-	// moat.ErrInvalid) or a failure of the sandbox. Nil when it ran.
+	// Err is why the call failed: bad input (errors.Is moat.ErrInvalid),
+	// a missing file (errors.Is fs.ErrNotExist), an unknown tool or a
+	// failure of the sandbox. Nil when it succeeded.
 	Err error
-	// Text is what the model is told: the result formatted by [Format], or
-	// the error.
+	// Text is what the model is told: the result formatted by [Format],
+	// the file tool's answer, or the error.
 	Text string
 	// IsError is true when Err is not nil: the call is a tool error.
 	IsError bool
@@ -117,32 +172,41 @@ func (r *Runner) Call(ctx context.Context, args json.RawMessage) Outcome {
 	code, err := ParseInput(args, r.maxCode())
 	if err != nil {
 		log.Info("tool: bad input", "tool", Name, "err", err)
-		return Outcome{Err: err, Text: ErrorText(err), IsError: true}
+		return Outcome{Tool: Name, Err: err, Text: ErrorText(err), IsError: true}
 	}
 	start := time.Now()
 	res, err := r.Sandbox.Run(ctx, moat.Request{Code: []byte(code)})
 	if err != nil {
 		err = fmt.Errorf("tool: sandbox: %w", err)
 		log.Warn("tool: sandbox error", "tool", Name, "code_bytes", len(code), "err", err)
-		return Outcome{Code: code, Err: err, Text: ErrorText(err), IsError: true}
+		return Outcome{Tool: Name, Code: code, Err: err, Text: ErrorText(err), IsError: true}
 	}
 	log.Info("tool: ran", "tool", Name, "level", res.Level, "code_bytes", len(code),
 		"exit_code", res.ExitCode, "reason", res.Reason, "elapsed", time.Since(start))
-	return Outcome{Code: code, Result: res, Text: Format(res, r.maxOutput())}
+	return Outcome{Tool: Name, Code: code, Result: res, Text: Format(res, r.maxOutput())}
 }
 
-func (r *Runner) maxCode() int {
-	if r.MaxCode > 0 {
-		return r.MaxCode
+func (r *Runner) maxCode() int   { return orDefault(r.MaxCode, DefaultMaxCode) }
+func (r *Runner) maxOutput() int { return orDefault(r.MaxOutput, DefaultMaxOutput) }
+
+func orDefault(n, def int) int {
+	if n > 0 {
+		return n
 	}
-	return DefaultMaxCode
+	return def
 }
 
-func (r *Runner) maxOutput() int {
-	if r.MaxOutput > 0 {
-		return r.MaxOutput
+// unknownTool is the Outcome of a call to a tool that is not offered.
+func unknownTool(name string, offered []Spec) Outcome {
+	names := make([]string, len(offered))
+	for i, t := range offered {
+		names[i] = t.Name
 	}
-	return DefaultMaxOutput
+	err := fmt.Errorf("tool: unknown tool %q; the tools are %s", name, strings.Join(names, ", "))
+	if len(names) == 1 {
+		err = fmt.Errorf("tool: unknown tool %q; the only tool is %s", name, names[0])
+	}
+	return Outcome{Tool: name, Err: err, Text: ErrorText(err), IsError: true}
 }
 
 // ParseInput checks the tool's input and returns the code. The input must be
@@ -154,17 +218,47 @@ func ParseInput(args json.RawMessage, maxCode int) (string, error) {
 	if maxCode <= 0 {
 		maxCode = DefaultMaxCode
 	}
-	trimmed := strings.TrimSpace(string(args))
-	if trimmed == "" || trimmed == "null" {
-		return "", invalid(`missing the required field "code" (a string holding the Python program)`)
+	in, err := parseFields(args, `{"code": "print(1)"}`, Name+` takes only "code" (the operator sets the level and the limits)`,
+		field{name: "code", required: true, what: "a string holding the Python program"})
+	if err != nil {
+		return "", err
 	}
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(args, &fields); err != nil {
-		return "", invalid(`the input must be a JSON object like {"code": "print(1)"}`)
+	code := in["code"]
+	if code == "" {
+		return "", invalid(`"code" is empty`)
+	}
+	if len(code) > maxCode {
+		return "", invalid(fmt.Sprintf(`"code" is %d bytes, over the cap of %d bytes`, len(code), maxCode))
+	}
+	return code, nil
+}
+
+// field is one string field of a tool's input.
+type field struct {
+	name     string
+	required bool
+	what     string // what it holds, for the message when it is missing
+}
+
+// parseFields checks a tool's input: a JSON object (or nothing, when no
+// field is required) whose fields are among fields, each a string, the
+// required ones present. It returns the values by name. example is a good
+// input and takes says what the tool takes, for the messages; the error is
+// an *InputError.
+func parseFields(args json.RawMessage, example, takes string, fields ...field) (map[string]string, error) {
+	missing := func(f field) error {
+		return invalid(fmt.Sprintf("missing the required field %q (%s)", f.name, f.what))
+	}
+	trimmed := strings.TrimSpace(string(args))
+	var raw map[string]json.RawMessage
+	if trimmed != "" && trimmed != "null" {
+		if err := json.Unmarshal(args, &raw); err != nil || raw == nil {
+			return nil, invalid("the input must be a JSON object like " + example)
+		}
 	}
 	var extra []string
-	for k := range fields {
-		if k != "code" {
+	for k := range raw {
+		if !slices.ContainsFunc(fields, func(f field) bool { return f.name == k }) {
 			extra = append(extra, strconv.Quote(k))
 		}
 	}
@@ -174,27 +268,24 @@ func ParseInput(args json.RawMessage, maxCode int) (string, error) {
 		if len(extra) > 1 {
 			noun = "fields"
 		}
-		return "", invalid(fmt.Sprintf(`unknown %s %s: %s takes only "code" (the operator sets the level and the limits)`,
-			noun, strings.Join(extra, ", "), Name))
+		return nil, invalid(fmt.Sprintf("unknown %s %s: %s", noun, strings.Join(extra, ", "), takes))
 	}
-	raw, ok := fields["code"]
-	if !ok {
-		return "", invalid(`missing the required field "code" (a string holding the Python program)`)
+	out := make(map[string]string, len(fields))
+	for _, f := range fields {
+		v, ok := raw[f.name]
+		if !ok {
+			if f.required {
+				return nil, missing(f)
+			}
+			continue
+		}
+		var s string
+		if kind := jsonKind(v); kind != "a string" || json.Unmarshal(v, &s) != nil {
+			return nil, invalid(fmt.Sprintf("%q must be a string, not %s", f.name, kind))
+		}
+		out[f.name] = s
 	}
-	var code string
-	if kind := jsonKind(raw); kind != "a string" {
-		return "", invalid(fmt.Sprintf(`"code" must be a string, not %s`, kind))
-	}
-	if err := json.Unmarshal(raw, &code); err != nil {
-		return "", invalid(fmt.Sprintf(`"code" must be a string, not %s`, jsonKind(raw)))
-	}
-	if code == "" {
-		return "", invalid(`"code" is empty`)
-	}
-	if len(code) > maxCode {
-		return "", invalid(fmt.Sprintf(`"code" is %d bytes, over the cap of %d bytes`, len(code), maxCode))
-	}
-	return code, nil
+	return out, nil
 }
 
 // InputError says what is wrong with the tool's input. It matches

@@ -13,11 +13,11 @@ import (
 )
 
 func init() {
-	commandUsage["agent"] = `moat agent [flags] "task..."`
+	commandUsage["agent"] = `moat agent [flags] [--sessions [--interpreter]] "task..."`
 }
 
-// cmdAgent runs a Claude agent whose one tool, run_python, runs code in the
-// sandbox the operator's flags choose.
+// cmdAgent runs a Claude agent whose tools run code in the sandbox the
+// operator's flags choose.
 func cmdAgent(ctx context.Context, args []string, stdio Stdio) int {
 	fs := newFlagSet("agent")
 	sf := addSandboxFlags(fs)
@@ -30,6 +30,7 @@ func cmdAgent(ctx context.Context, args []string, stdio Stdio) int {
 	fs.Var(&maxCode, "max-code", "largest program the tool accepts (default 1MiB)")
 	fs.Var(&maxOutput, "tool-output", "how much of each output stream a tool result shows the model (default 8KiB)")
 	verbose := fs.Bool("v", false, "log API requests and tool calls to stderr")
+	addToolFlags(fs, &sf.flags.Agent, "task")
 	if code, ok := parseFlags(fs, args, stdio); !ok {
 		return code
 	}
@@ -42,7 +43,12 @@ func cmdAgent(ctx context.Context, args []string, stdio Stdio) int {
 	if task == "" {
 		return exitFor(stdio, fmt.Errorf(`agent: no task: give one, e.g. moat agent "what is the 30th Fibonacci number?": %w`, moat.ErrInvalid))
 	}
+	fc, err := sf.resolve()
+	if err != nil {
+		return exitFor(stdio, err)
+	}
 	cfg.APIKey = key
+	cfg.Sessions, cfg.Interpreter = fc.Agent.Sessions, fc.Agent.Interpreter
 	if cfg.BaseURL == "" {
 		cfg.BaseURL = os.Getenv("ANTHROPIC_BASE_URL")
 	}
@@ -55,7 +61,7 @@ func cmdAgent(ctx context.Context, args []string, stdio Stdio) int {
 		return exitFor(stdio, err)
 	}
 
-	sb, err := sf.open(ctx)
+	sb, err := openLevel(ctx, fc, fc.Level)
 	if err != nil {
 		return exitFor(stdio, err)
 	}

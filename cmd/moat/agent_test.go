@@ -70,7 +70,7 @@ func TestAgentWithoutKey(t *testing.T) {
 
 func TestAgentBadInput(t *testing.T) {
 	t.Setenv("ANTHROPIC_API_KEY", "sk-ant-test")
-	for _, args := range [][]string{{}, {"  "}, {"--max-turns", "-1", "task"}, {"--max-code", "lots", "task"}, {"--level", "nope", "task"}} {
+	for _, args := range [][]string{{}, {"  "}, {"--max-turns", "-1", "task"}, {"--max-code", "lots", "task"}, {"--level", "nope", "task"}, {"--interpreter", "task"}} {
 		_, stderr, code := runAgent(args...)
 		if code != exitUsage || stderr == "" {
 			t.Errorf("moat agent %q: exit %d stderr %q, want exit %d with a message", args, code, stderr, exitUsage)
@@ -111,5 +111,30 @@ func TestAgentTurnLimit(t *testing.T) {
 	}
 	if requests() != 2 {
 		t.Errorf("%d requests, want 2", requests())
+	}
+}
+
+// moat agent --sessions, or the agent section of the config file: the task
+// runs in one session, with the file tools.
+func TestAgentSessions(t *testing.T) {
+	requireRoot(t)
+	t.Setenv("ANTHROPIC_API_KEY", "sk-ant-test")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--sessions"}, "level: subprocess (one session: files kept between calls)"},
+		{[]string{"--sessions", "--interpreter"}, "level: subprocess (one session with a live interpreter: files and variables kept between calls)"},
+		{[]string{"--config", writeConfig(t, `{"agent":{"sessions":true}}`)}, "level: subprocess (one session: files kept between calls)"},
+		{[]string{"--config", writeConfig(t, `{"mcp":{"sessions":true}}`)}, "level: subprocess (nothing kept between calls)"},
+	} {
+		url, _ := messagesAPI(t, "tool_use.json", "final.json")
+		stdout, stderr, code := runAgent(append(c.args, "--base-url", url, "--wall-time", "5s", "What is 6 times 7?")...)
+		if code != exitOK {
+			t.Fatalf("%q: exit %d, stderr %q", c.args, code, stderr)
+		}
+		if !strings.Contains(stdout, c.want) || !strings.Contains(stdout, "6 times 7 is 42.") {
+			t.Errorf("%q: transcript lacks %q:\n%s", c.args, c.want, stdout)
+		}
 	}
 }

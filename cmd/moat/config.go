@@ -21,7 +21,8 @@ import (
 )
 
 // fileConfig is the operator's config file (--config), JSON: the level, the
-// limits, a section per level and one for moat serve. Every setting has one
+// limits, a section per level and one each for moat serve, moat mcp and
+// moat agent. Every setting has one
 // name: its key's last part, with "-" for "_", is its flag where it has one
 // (limits.wall_time is --wall-time). A flag given on the command line
 // overrides the file. docs/config.md lists every setting; a test keeps it
@@ -34,6 +35,20 @@ type fileConfig struct {
 	GVisor     gvisor.Config     `json:"gvisor"`
 	MicroVM    microvm.Config    `json:"microvm"`
 	Server     serverSection     `json:"server"`
+	MCP        toolSection       `json:"mcp"`
+	Agent      toolSection       `json:"agent"`
+}
+
+// toolSection is what moat mcp and moat agent read from their sections: how
+// their tools keep state between calls.
+type toolSection struct {
+	// Sessions runs the tools in one moat session per MCP connection (mcp)
+	// or per task (agent), with the file tools: see mcpserver.Config and
+	// agent.Config.
+	Sessions bool `json:"sessions,omitempty"`
+	// Interpreter keeps a live interpreter in that session. It needs
+	// Sessions.
+	Interpreter bool `json:"interpreter,omitempty"`
 }
 
 // serverSection is what moat serve reads: the server's own Config and the

@@ -110,7 +110,9 @@ const goodConfig = `{
              "max_runs_per_token": 3, "queue_per_token": 4, "stream_buffer": "1MiB",
              "read_header_timeout": "1s", "read_timeout": "2s", "write_timeout": "3s", "conn_idle_timeout": "4s",
              "max_connections": 9, "session_ttl": "5m", "max_session_ttl": "6h", "idle_timeout": "7m",
-             "sweep_interval": "2s", "shutdown_timeout": "9s", "log_json": true}
+             "sweep_interval": "2s", "shutdown_timeout": "9s", "log_json": true},
+  "mcp": {"sessions": true, "interpreter": true},
+  "agent": {"sessions": true, "interpreter": true}
 }`
 
 func TestConfigGoodFileRoundTrips(t *testing.T) {
@@ -228,8 +230,13 @@ func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
 func flagsOf(cmd string) (*flag.FlagSet, *sandboxFlags) {
 	fs := newFlagSet(cmd)
 	sf := addSandboxFlags(fs)
-	if cmd == "serve" {
+	switch cmd {
+	case "serve":
 		addServerFlags(fs, &sf.flags.Server)
+	case "mcp":
+		addToolFlags(fs, &sf.flags.MCP, "connection")
+	case "agent":
+		addToolFlags(fs, &sf.flags.Agent, "task")
 	}
 	return fs, sf
 }
@@ -310,13 +317,13 @@ func readConfigDoc(t *testing.T) []docRow {
 // key. Adding a flag or a key without its row fails here.
 func TestConfigDocMatchesFlagsAndKeys(t *testing.T) {
 	rows := readConfigDoc(t)
-	documented := map[string]bool{} // flags, with dashes stripped
-	keyOfFlag := map[string]string{}
+	documented := map[string]bool{}     // flags, with dashes stripped
+	keysOfFlag := map[string][]string{} // one flag may set a key of each command's section
 	for _, r := range rows {
 		for _, f := range r.flags {
 			documented[f] = true
 			if r.key != "" {
-				keyOfFlag[f] = r.key
+				keysOfFlag[f] = append(keysOfFlag[f], r.key)
 			}
 		}
 	}
@@ -341,10 +348,12 @@ func TestConfigDocMatchesFlagsAndKeys(t *testing.T) {
 		// named for it.
 		fs, sf := flagsOf(cmd)
 		for flagName, key := range flagKeys(fs, &sf.flags) {
-			if cmd != "serve" && strings.HasPrefix(key, "server.") {
-				t.Errorf("%s --%s sets %s, which only serve reads", cmd, flagName, key)
+			for section, reader := range map[string]string{"server.": "serve", "mcp.": "mcp", "agent.": "agent"} {
+				if cmd != reader && strings.HasPrefix(key, section) {
+					t.Errorf("%s --%s sets %s, which only %s reads", cmd, flagName, key, reader)
+				}
 			}
-			if got := keyOfFlag[flagName]; got != key {
+			if got := keysOfFlag[flagName]; !slices.Contains(got, key) {
 				t.Errorf("%s --%s sets %s, but docs/config.md pairs it with %q", cmd, flagName, key, got)
 			}
 			parts := strings.Split(key, ".")

@@ -12,11 +12,18 @@ import (
 )
 
 func init() {
-	commandUsage["mcp"] = "moat mcp [flags] [--http ADDR]"
+	commandUsage["mcp"] = "moat mcp [flags] [--sessions [--interpreter]] [--http ADDR]"
 }
 
-// cmdMCP serves the run_python tool over MCP: over stdio (the default, for
-// a client that starts moat), or streamable HTTP on a loopback address.
+// addToolFlags registers --sessions and --interpreter on fs, setting sec;
+// per says what one session lasts for.
+func addToolFlags(fs *flag.FlagSet, sec *toolSection, per string) {
+	fs.BoolVar(&sec.Sessions, "sessions", false, "run the tools in one sandbox session per "+per+": files persist between calls, and write_file, read_file and list_files are offered")
+	fs.BoolVar(&sec.Interpreter, "interpreter", false, "with --sessions, keep a live Python interpreter in the session: variables persist between calls too")
+}
+
+// cmdMCP serves the tools over MCP: over stdio (the default, for a client
+// that starts moat), or streamable HTTP on a loopback address.
 func cmdMCP(ctx context.Context, args []string, stdio Stdio) int {
 	fs := newFlagSet("mcp")
 	sf := addSandboxFlags(fs)
@@ -24,6 +31,7 @@ func cmdMCP(ctx context.Context, args []string, stdio Stdio) int {
 	var maxCode, maxOutput moat.Bytes
 	fs.Var(&maxCode, "max-code", "largest program the tool accepts (default 1MiB)")
 	fs.Var(&maxOutput, "tool-output", "how much of each output stream a tool result shows (default 8KiB)")
+	addToolFlags(fs, &sf.flags.MCP, "connection")
 	if code, ok := parseFlags(fs, args, stdio); !ok {
 		return code
 	}
@@ -33,8 +41,13 @@ func cmdMCP(ctx context.Context, args []string, stdio Stdio) int {
 	httpMode := false
 	fs.Visit(func(f *flag.Flag) { httpMode = httpMode || f.Name == "http" })
 
+	fc, err := sf.resolve()
+	if err != nil {
+		return exitFor(stdio, err)
+	}
 	// Logs go to stderr: over stdio, stdout is the protocol's.
-	cfg := mcpserver.Config{MaxCode: int(maxCode), MaxOutput: int(maxOutput), Logger: slog.New(slog.NewTextHandler(stdio.Err, nil))}
+	cfg := mcpserver.Config{MaxCode: int(maxCode), MaxOutput: int(maxOutput), Sessions: fc.MCP.Sessions, Interpreter: fc.MCP.Interpreter,
+		Logger: slog.New(slog.NewTextHandler(stdio.Err, nil))}
 	if err := cfg.Validate(); err != nil {
 		return exitFor(stdio, err)
 	}
@@ -47,7 +60,7 @@ func cmdMCP(ctx context.Context, args []string, stdio Stdio) int {
 		}
 		defer ln.Close()
 	}
-	sb, err := sf.open(ctx)
+	sb, err := openLevel(ctx, fc, fc.Level)
 	if err != nil {
 		return exitFor(stdio, err)
 	}
@@ -56,8 +69,13 @@ func cmdMCP(ctx context.Context, args []string, stdio Stdio) int {
 	if err != nil {
 		return exitFor(stdio, err)
 	}
+	defer srv.Close() // before the sandbox: the sessions it holds
 	if httpMode {
-		fmt.Fprintf(stdio.Err, "moat: mcp: serving run_python (level %s) over streamable HTTP at http://%s/\n", sb.Level(), ln.Addr())
+		what := "run_python"
+		if cfg.Sessions {
+			what = "run_python and the file tools, one session per connection,"
+		}
+		fmt.Fprintf(stdio.Err, "moat: mcp: serving %s (level %s) over streamable HTTP at http://%s/\n", what, sb.Level(), ln.Addr())
 		err = srv.Serve(ctx, ln)
 	} else {
 		err = srv.Run(ctx, srv.Stdio(stdio.In, stdio.Out))

@@ -138,11 +138,66 @@ func TestMCPHTTP(t *testing.T) {
 }
 
 func TestMCPBadInput(t *testing.T) {
-	for _, args := range [][]string{{"--http", "0.0.0.0:8765"}, {"--http", ":8765"}, {"extra"}, {"--max-code", "x"}, {"--no-such-flag"}} {
+	for _, args := range [][]string{{"--http", "0.0.0.0:8765"}, {"--http", ":8765"}, {"extra"}, {"--max-code", "x"}, {"--no-such-flag"}, {"--interpreter"}} {
 		var stderr bytes.Buffer
 		code := cmdMCP(context.Background(), args, Stdio{In: strings.NewReader(""), Out: io.Discard, Err: &stderr})
 		if code != exitUsage || strings.Count(strings.TrimSpace(stderr.String()), "\n") > 0 || stderr.Len() == 0 {
 			t.Errorf("moat mcp %q: exit %d stderr %q, want %d and one line", args, code, stderr.String(), exitUsage)
+		}
+	}
+}
+
+// moat mcp --sessions, or the mcp section of the config file: the file
+// tools, and files (with --interpreter variables) kept between calls.
+func TestMCPStdioSessions(t *testing.T) {
+	requireRoot(t)
+	for _, c := range []struct {
+		args   []string
+		interp bool
+	}{
+		{[]string{"--sessions"}, false},
+		{[]string{"--config", writeConfig(t, `{"mcp":{"sessions":true,"interpreter":true},"agent":{"sessions":false}}`)}, true},
+	} {
+		inR, inW := io.Pipe()
+		outR, outW := io.Pipe()
+		var stderr bytes.Buffer
+		done := make(chan int, 1)
+		go func() {
+			done <- cmdMCP(context.Background(), append(c.args, "--wall-time", "5s"), Stdio{In: inR, Out: outW, Err: &stderr})
+			outW.Close()
+		}()
+		cs := goClient(t, &mcp.IOTransport{Reader: outR, Writer: inW})
+		tools, err := cs.ListTools(context.Background(), nil)
+		if err != nil || len(tools.Tools) != 4 {
+			t.Fatalf("%q: tools %+v, %v; want run_python and the three file tools", c.args, tools, err)
+		}
+		call := func(name string, args map[string]any) string {
+			t.Helper()
+			res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: name, Arguments: args})
+			if err != nil {
+				t.Fatal(err)
+			}
+			text := res.Content[0].(*mcp.TextContent).Text
+			if res.IsError {
+				t.Fatalf("%q: %s: tool error %q", c.args, name, text)
+			}
+			return text
+		}
+		call("write_file", map[string]any{"path": "n.txt", "content": "41"})
+		call("run_python", map[string]any{"code": "n = int(open('n.txt').read())"})
+		text := call("run_python", map[string]any{"code": "try:\n    print(n + 1)\nexcept NameError:\n    print('no n')"})
+		if want := map[bool]string{false: "stdout:\nno n\n", true: "stdout:\n42\n"}[c.interp]; !strings.Contains(text, want) {
+			t.Errorf("%q: %q, want %q", c.args, text, want)
+		}
+		cs.Close()
+		inW.Close()
+		select {
+		case code := <-done:
+			if code != exitOK {
+				t.Errorf("%q: exit %d after the client hung up; stderr %q", c.args, code, stderr.String())
+			}
+		case <-time.After(15 * time.Second):
+			t.Fatalf("%q: moat mcp did not return after the client hung up", c.args)
 		}
 	}
 }
