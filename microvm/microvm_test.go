@@ -93,6 +93,30 @@ func TestConformance(t *testing.T) {
 	}, sandboxtest.Options{Leftovers: leftovers, Dirs: []string{filepath.Join(cfg.withDefaults().StateDir, "microvm")}})
 }
 
+// The sessions' conformance suite: one VM per session, no live
+// interpreter at this level.
+func TestSessions(t *testing.T) {
+	cfg := requireVMs(t)
+	sandboxtest.TestSessions(t, func(t *testing.T, l moat.Limits) moat.Sandbox {
+		c := cfg
+		c.Limits = l
+		sb, err := New(c)
+		if err != nil {
+			t.Fatalf("New: %v", err)
+		}
+		return sb
+	}, sandboxtest.SessionsOptions{
+		NoInterpreter: true,
+		Leftovers: func(*testing.T) error {
+			if left := leftovers(); len(left) > 0 {
+				return errors.New("left on the host: " + strings.Join(left, ", "))
+			}
+			return nil
+		},
+		Dirs: []string{filepath.Join(cfg.withDefaults().StateDir, "microvm")},
+	})
+}
+
 func run(t *testing.T, sb *Sandbox, code string) *moat.Result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
