@@ -298,6 +298,7 @@ func TestSessionInterpreterUnavailable(t *testing.T) {
 	if !errors.Is(err, moat.ErrUnavailable) || !strings.Contains(err.Error(), "interpreter") {
 		t.Errorf("NewSession with an interpreter: %v, want ErrUnavailable saying why", err)
 	}
+	sb.Close() // and its VM kept ahead of runs
 	if left := leftovers(); len(left) > 0 {
 		t.Errorf("VMs left after the refusal: %v", left)
 	}
