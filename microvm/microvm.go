@@ -124,9 +124,18 @@
 // moat that made it died (-9 included), and QEMU also dies with its
 // parent (Pdeathsig).
 //
-// Sessions with a live interpreter (moat.SessionOptions.Interpreter) are
-// not implemented at this level: NewSession refuses them with an error
-// wrapping moat.ErrUnavailable.
+// With moat.SessionOptions.Interpreter, the agent keeps one python3 alive
+// for the session (a driver that runs each run's code with exec() in one
+// globals dictionary), as the run's uid in a cgroup of its own whose memory
+// and process limits cover all it holds; each run's CPU time is the
+// cgroup's since the run began. At a run's end every other process of that
+// cgroup is killed, and the VM pauses. A run that is killed (a limit, the
+// wall time, the output cap, a cancellation) or that ends the interpreter
+// (os._exit) ends it: the next run gets a fresh one, with the files kept,
+// and both runs say so in their Result's Notes. The code shares the
+// interpreter's process: it can change what later runs of its session do
+// and the exit status they report, never the limits, which the agent reads
+// from the cgroup.
 package microvm
 
 import (

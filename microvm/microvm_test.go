@@ -93,8 +93,7 @@ func TestConformance(t *testing.T) {
 	}, sandboxtest.Options{Leftovers: leftovers, Dirs: []string{filepath.Join(cfg.withDefaults().StateDir, "microvm")}})
 }
 
-// The sessions' conformance suite: one VM per session, no live
-// interpreter at this level.
+// The sessions' conformance suite: one VM per session.
 func TestSessions(t *testing.T) {
 	cfg := requireVMs(t)
 	sandboxtest.TestSessions(t, func(t *testing.T, l moat.Limits) moat.Sandbox {
@@ -106,7 +105,6 @@ func TestSessions(t *testing.T) {
 		}
 		return sb
 	}, sandboxtest.SessionsOptions{
-		NoInterpreter: true,
 		Leftovers: func(*testing.T) error {
 			if left := leftovers(); len(left) > 0 {
 				return errors.New("left on the host: " + strings.Join(left, ", "))

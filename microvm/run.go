@@ -174,12 +174,19 @@ func (p *runProcess) Kill() { p.in.vm.Abort() }
 func (p *runProcess) Wait() (engine.Evidence, error) {
 	c := p.in.c
 	defer c.endRun(p.s)
-	ev, err := waitExit(c, p.s, p.stdout, p.stderr, p.wall+backstop, func() {
+	e, err := waitExit(c, p.s, p.stdout, p.stderr, p.wall+backstop, func() {
 		p.mu.Lock()
 		p.backstoped = true
 		p.mu.Unlock()
 		p.in.vm.Abort()
 	})
+	var ev engine.Evidence
+	if err == nil && (e.Fresh || e.Ended) {
+		err = fmt.Errorf("microvm: the agent's exit report speaks of an interpreter, which a one-shot run has not")
+	}
+	if err == nil {
+		ev = evidence(e)
+	}
 	ev.Notes = append(ev.Notes, p.in.how)
 	p.mu.Lock()
 	if p.backstoped {
@@ -190,9 +197,10 @@ func (p *runProcess) Wait() (engine.Evidence, error) {
 }
 
 // waitExit writes a run's output frames to stdout and stderr until its
-// Exit. When no Exit has come within limit, it calls stop (which must make
-// the reader end) and goes on reading what the reader still delivers.
-func waitExit(c *agentConn, s *sink, stdout, stderr io.Writer, limit time.Duration, stop func()) (engine.Evidence, error) {
+// Exit, which it returns checked. When no Exit has come within limit, it
+// calls stop (which must make the reader end) and goes on reading what the
+// reader still delivers.
+func waitExit(c *agentConn, s *sink, stdout, stderr io.Writer, limit time.Duration, stop func()) (*wire.Exit, error) {
 	timer := time.NewTimer(limit)
 	defer timer.Stop()
 	for {
@@ -202,7 +210,7 @@ func waitExit(c *agentConn, s *sink, stdout, stderr io.Writer, limit time.Durati
 			continue
 		}
 		if !ok {
-			return engine.Evidence{}, fmt.Errorf("microvm: the VM ended without a report (%v)", c.ended())
+			return nil, fmt.Errorf("microvm: the VM ended without a report (%v)", c.ended())
 		}
 		switch f.kind {
 		case wire.KindStdout:
@@ -210,15 +218,11 @@ func waitExit(c *agentConn, s *sink, stdout, stderr io.Writer, limit time.Durati
 		case wire.KindStderr:
 			stderr.Write(f.payload)
 		case wire.KindExit:
-			e, err := parseExit(f.payload)
-			if err != nil {
-				return engine.Evidence{}, err
-			}
-			return evidence(e), nil
+			return parseExit(f.payload)
 		case wire.KindFail:
-			return engine.Evidence{}, unavailable("the guest agent failed", "", errors.New(clip(f.payload, 512)))
+			return nil, unavailable("the guest agent failed", "", errors.New(clip(f.payload, 512)))
 		default:
-			return engine.Evidence{}, fmt.Errorf("microvm: the agent sent %s during the run", f.kind)
+			return nil, fmt.Errorf("microvm: the agent sent %s during the run", f.kind)
 		}
 	}
 }

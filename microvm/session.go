@@ -38,16 +38,11 @@ const (
 
 // NewSession implements engine.SessionBackend.
 func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (engine.SessionInstance, error) {
-	if opts.Interpreter {
-		return nil, &moat.UnavailableError{Level: moat.LevelMicroVM,
-			Reason: "sessions with a live interpreter are not implemented at this level: each run of a session is a fresh python3 (the files persist)",
-			Remedy: "use a session without Interpreter, or the subprocess level for a live interpreter"}
-	}
 	vm, _, err := b.startVM(ctx)
 	if err != nil {
 		return nil, err
 	}
-	ss := &vmSession{b: b, vm: vm, idle: make(chan struct{}, 1),
+	ss := &vmSession{b: b, vm: vm, idle: make(chan struct{}, 1), interp: opts.Interpreter,
 		budget: time.Duration(b.cfg.SessionCPUTime)}
 	ss.c = newAgentConn(vm.Agent(), ss.onIdle)
 	if err := ss.open(ctx); err != nil {
@@ -63,6 +58,7 @@ type vmSession struct {
 	vm     VM
 	c      *agentConn
 	idle   chan struct{} // a token for each Idle of the agent's, at most one kept
+	interp bool          // a live interpreter (moat.SessionOptions.Interpreter)
 	budget time.Duration
 	ids    atomic.Uint64 // file operation ids
 
@@ -88,6 +84,7 @@ func (ss *vmSession) open(ctx context.Context) error {
 	rand.Read(seed)
 	if err := ss.c.sendJSON(wire.KindSession, wire.Session{
 		UnixNano: time.Now().UnixNano(), Seed: seed, Disk: int64(b.limits.Disk), FileSize: int64(b.limits.FileSize),
+		Interpreter: ss.interp,
 	}); err != nil {
 		return err
 	}
@@ -334,9 +331,22 @@ func (p *sessionProcess) Wait() (engine.Evidence, error) {
 	defer ss.c.endRun(p.s)
 	defer close(p.done)
 	wall := time.Duration(ss.b.limits.WallTime)
-	ev, err := waitExit(ss.c, p.s, p.stdout, p.stderr, wall+backstop, func() {
+	e, err := waitExit(ss.c, p.s, p.stdout, p.stderr, wall+backstop, func() {
 		ss.fail(fmt.Errorf("microvm: session: the agent did not report a run within %v past its wall time; the VM is killed", backstop))
 	})
+	var ev engine.Evidence
+	if err == nil && !ss.interp && (e.Fresh || e.Ended) {
+		err = fmt.Errorf("microvm: session: the agent's exit report speaks of an interpreter, which the session has not")
+	}
+	if err == nil {
+		ev = evidence(e)
+		if e.Fresh {
+			ev.Notes = append(ev.Notes, "interpreter restarted: the previous one ended with its run; variables from earlier runs are gone")
+		}
+		if e.Ended {
+			ev.Notes = append(ev.Notes, "interpreter ended with this run (killed at a limit, cancelled, or it exited): the next run starts a fresh one; the files remain")
+		}
+	}
 	if now, cerr := ss.cpu(); cerr == nil {
 		ss.mu.Lock()
 		ss.used += now - p.base

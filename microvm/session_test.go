@@ -288,19 +288,57 @@ func TestSessionClose(t *testing.T) {
 	}
 }
 
-// The level keeps no live interpreter, and says so.
-func TestSessionInterpreterUnavailable(t *testing.T) {
-	sb := open(t, requireVMs(t), moat.Limits{})
-	ss, err := sb.NewSession(context.Background(), moat.SessionOptions{Interpreter: true})
-	if err == nil {
-		ss.Close()
+// A live interpreter keeps its variables; a process a run starts does not
+// outlive the run; a run that ends the interpreter (a timeout, os._exit)
+// makes the next run's a fresh one, with the files kept and notes saying so.
+func TestSessionInterpreter(t *testing.T) {
+	sb := open(t, requireVMs(t), moat.Limits{WallTime: moat.Duration(8 * time.Second)})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ss, err := sb.NewSession(ctx, moat.SessionOptions{Interpreter: true})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if !errors.Is(err, moat.ErrUnavailable) || !strings.Contains(err.Error(), "interpreter") {
-		t.Errorf("NewSession with an interpreter: %v, want ErrUnavailable saying why", err)
+	defer ss.Close()
+	mentions := func(res *moat.Result) bool {
+		return slices.ContainsFunc(res.Notes, func(n string) bool { return strings.Contains(n, "interpreter") })
 	}
-	sb.Close() // and its VM kept ahead of runs
-	if left := leftovers(); len(left) > 0 {
-		t.Errorf("VMs left after the refusal: %v", left)
+	res := runIn(t, ss, "import os, subprocess\nx = 41\nsubprocess.Popen(['sleep', '1000'], start_new_session=True)\nopen('f', 'w').write('kept')\n")
+	if res.ExitCode != 0 || mentions(res) {
+		t.Fatalf("the first run: exit %d, notes %q, stderr %s", res.ExitCode, res.Notes, res.Stderr)
+	}
+	out := runOK(t, ss, `import os
+def state(p):
+    return open('/proc/%s/stat' % p).read().rsplit(')', 1)[1].split()[0]
+# A zombie is dead: the interpreter, its parent, reaps it when it likes.
+others = [open('/proc/%s/cmdline' % p).read() for p in os.listdir('/proc')
+          if p.isdigit() and int(p) != os.getpid() and state(p) != 'Z']
+print(x + 1, others)
+`)
+	if out != "42 []\n" {
+		t.Errorf("the second run printed %q, want the variable kept and no process of the first run", out)
+	}
+	res = runIn(t, ss, "y = 1\nraise ValueError('bad')")
+	if res.ExitCode != 1 || !strings.Contains(string(res.Stderr), "ValueError: bad") || mentions(res) {
+		t.Errorf("an exception: exit %d, stderr %q, notes %q", res.ExitCode, res.Stderr, res.Notes)
+	}
+	res = runIn(t, ss, "while True:\n    pass\n")
+	if res.Reason != moat.ReasonTimeout || !mentions(res) {
+		t.Errorf("a timeout: reason %q, notes %q; want timeout and a note that the interpreter ended", res.Reason, res.Notes)
+	}
+	res = runIn(t, ss, "print('x' in globals(), open('f').read())")
+	if string(res.Stdout) != "False kept\n" || !mentions(res) {
+		t.Errorf("after the timeout: %q, notes %q; want a fresh interpreter, the files kept, a note", res.Stdout, res.Notes)
+	}
+	res = runIn(t, ss, "z = 3\nimport os\nos._exit(4)")
+	if res.ExitCode != 4 || !mentions(res) {
+		t.Errorf("os._exit(4): exit %d, notes %q", res.ExitCode, res.Notes)
+	}
+	if out := runOK(t, ss, "print('z' in globals())"); out != "False\n" {
+		t.Errorf("after os._exit: %q, want a fresh interpreter", out)
+	}
+	if res := runIn(t, ss, "w = 1"); mentions(res) {
+		t.Errorf("a run of the same interpreter has notes %q", res.Notes)
 	}
 }
 
@@ -405,7 +443,14 @@ func TestSessionLatency(t *testing.T) {
 		slices.Sort(d)
 		return d[2]
 	}
+	is, err := sb.NewSession(context.Background(), moat.SessionOptions{Interpreter: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer is.Close()
+	runOK(t, is, "print(0)")
 	oneShot := median(func() { run(t, sb, "print(1)") })
 	session := median(func() { runOK(t, ss, "print(1)") })
-	t.Logf("accel %s: print(1), median of 5: one-shot %v, session %v", sb.Accel(), oneShot, session)
+	interp := median(func() { runOK(t, is, "print(1)") })
+	t.Logf("accel %s: print(1), median of 5: one-shot %v, session %v, session with an interpreter %v", sb.Accel(), oneShot, session, interp)
 }

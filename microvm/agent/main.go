@@ -106,6 +106,10 @@ type agent struct {
 	groups int
 	// files is the session's working directory (nil outside a session).
 	files *files
+	// interpMode: the session keeps a live interpreter, interp (nil once
+	// it has ended, until the next run starts a fresh one).
+	interpMode bool
+	interp     *interp
 }
 
 // zygoteSource is the Python program that, once started, closes
@@ -551,6 +555,25 @@ func (a *agent) session(s *wire.Session) error {
 		return err
 	}
 	a.files = f
+	if s.Interpreter {
+		if err := os.WriteFile(newRoot+codeDir+"/driver.py", []byte(driverSource), 0o444); err != nil {
+			return err
+		}
+		// The template's python3 has no part in it.
+		if z := a.zygote; z != nil {
+			killGroup(z.group)
+			z.start.Close()
+			z.out.Close()
+			z.errs.Close()
+			go func() { reaped.wait(z.cmd.Process.Pid); removeGroup(z.group) }()
+			a.zygote = nil
+		}
+		it, err := a.startInterp()
+		if err != nil {
+			return err
+		}
+		a.interpMode, a.interp = true, it
+	}
 	turn := make(chan struct{}, 1) // held by the run in progress
 	var cur *runState
 	if err := a.send(wire.KindIdle, nil); err != nil {
@@ -601,12 +624,29 @@ func (a *agent) sessionRun(r *wire.Run, st *runState, turn chan struct{}) {
 		a.fatal(err)
 	}
 	a.files.runStarts()
-	exit, err := a.run(r, st)
+	run := a.run
+	if a.interpMode {
+		run = a.interpRun
+	}
+	exit, err := run(r, st)
 	if err != nil {
 		a.fatal(err)
 	}
 	if err := a.sendJSON(wire.KindExit, exit); err != nil {
 		a.fatal(err)
+	}
+	if a.interpMode {
+		if a.interp == nil {
+			// The next run's, ready before the VM pauses.
+			it, err := a.startInterp()
+			if err != nil {
+				a.fatal(fmt.Errorf("start the next interpreter: %w", err))
+			}
+			it.fresh = true
+			a.interp = it
+		}
+		a.send(wire.KindIdle, nil)
+		return
 	}
 	a.groups++
 	z, err := startZygote(fmt.Sprintf("%s/run-%d", cgroupDir, a.groups))

@@ -188,6 +188,10 @@ type Session struct {
 	Seed     []byte `json:"seed"`
 	Disk     int64  `json:"disk"`
 	FileSize int64  `json:"file_size"`
+	// Interpreter keeps one python3 alive from run to run, its globals
+	// kept; a run that ends it (a kill, os._exit) makes the next run's a
+	// fresh one.
+	Interpreter bool `json:"interpreter,omitempty"`
 }
 
 // Exit is the evidence of how a run ended, as the agent saw it from outside
@@ -212,6 +216,12 @@ type Exit struct {
 	// CPUMS and WallMS are what the run used.
 	CPUMS  int64 `json:"cpu_ms"`
 	WallMS int64 `json:"wall_ms"`
+	// Only in a session with a live interpreter: Fresh says the run had a
+	// new interpreter, not the one the previous run left (which had
+	// ended); Ended says the interpreter ended with the run, so that the
+	// next run gets a fresh one.
+	Fresh bool `json:"fresh,omitempty"`
+	Ended bool `json:"ended,omitempty"`
 }
 
 // The file operations of a session, in File.Op. Names are relative to the
