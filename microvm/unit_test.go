@@ -3,9 +3,11 @@ package microvm
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -482,5 +484,150 @@ func TestProcessCPU(t *testing.T) {
 	}
 	if _, err := processCPU(1 << 30); err == nil {
 		t.Errorf("processCPU of no process: no error")
+	}
+}
+
+// fakeSession is a session over a fake VM whose agent is answer: it gets
+// every frame the host sends after the session's opening.
+func fakeSession(t *testing.T, l moat.Limits, answer func(conn net.Conn, k wire.Kind, p []byte)) *vmSession {
+	t.Helper()
+	vm := newFakeVM(t)
+	b := &backend{limits: l.WithDefaults(), log: slog.New(slog.DiscardHandler),
+		cfg: Config{BootTimeout: moat.Duration(10 * time.Second)}}
+	ss := &vmSession{b: b, vm: vm, idle: make(chan struct{}, 1), budget: time.Hour}
+	ss.c = newAgentConn(vm.Agent(), ss.onIdle)
+	go func() {
+		if k, _, err := wire.Read(vm.guest, 0); err != nil || k != wire.KindSession {
+			return
+		}
+		wire.Write(vm.guest, wire.KindIdle, nil)
+		for {
+			k, p, err := wire.Read(vm.guest, 0)
+			if err != nil {
+				return
+			}
+			answer(vm.guest, k, p)
+		}
+	}()
+	if err := ss.open(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ss.Close() })
+	return ss
+}
+
+func reply(conn net.Conn, id uint64, r string) {
+	wire.Write(conn, wire.KindReply, []byte(fmt.Sprintf(`{"id":%d%s}`, id, r)))
+}
+
+func fileID(p []byte) uint64 {
+	var f wire.File
+	json.Unmarshal(p, &f)
+	return f.ID
+}
+
+// What a compromised guest answers to file operations is checked: sizes
+// past the limits, data past what was announced, names that are not clean
+// or repeat, modes and error numbers out of range, another file's
+// description. Each is an error, never a result; an errno the agent sends
+// maps to moat's classes.
+func TestHostileGuestFiles(t *testing.T) {
+	l := moat.Limits{Disk: 4 * moat.MiB, FileSize: 1 * moat.MiB}
+	type answer func(conn net.Conn, id uint64)
+	read := func(ss *vmSession) error { _, err := ss.ReadFile(context.Background(), "f"); return err }
+	list := func(ss *vmSession) error { _, err := ss.ListFiles(context.Background()); return err }
+	stat := func(ss *vmSession) error { _, err := ss.Stat(context.Background(), "f"); return err }
+	for _, c := range []struct {
+		name   string
+		op     func(*vmSession) error
+		answer answer
+		is     error // nil: an error of the guest's
+	}{
+		{"a size past the disk", read, func(conn net.Conn, id uint64) {
+			reply(conn, id, `,"size":5000000,"more":true`)
+		}, nil},
+		{"more data than announced", read, func(conn net.Conn, id uint64) {
+			reply(conn, id, `,"size":3,"more":true`)
+			wire.Write(conn, wire.KindData, wire.DataPayload(id, []byte("abcd")))
+			reply(conn, id, ``)
+		}, nil},
+		{"data before the size", read, func(conn net.Conn, id uint64) {
+			wire.Write(conn, wire.KindData, wire.DataPayload(id, []byte("a")))
+		}, nil},
+		{"an errno with a result", read, func(conn net.Conn, id uint64) {
+			reply(conn, id, `,"errno":2,"size":3,"more":true`)
+		}, nil},
+		{"an errno out of range", stat, func(conn net.Conn, id uint64) {
+			reply(conn, id, `,"errno":100000`)
+		}, nil},
+		{"an unknown field", stat, func(conn net.Conn, id uint64) {
+			reply(conn, id, `,"info":{"name":"f","size":1,"mode":420,"mod_nano":0},"verdict":"ok"`)
+		}, nil},
+		{"another file's description", stat, func(conn net.Conn, id uint64) {
+			reply(conn, id, `,"info":{"name":"g","size":1,"mode":420,"mod_nano":0}`)
+		}, nil},
+		{"a mode of unknown bits", stat, func(conn net.Conn, id uint64) {
+			reply(conn, id, `,"info":{"name":"f","size":1,"mode":4294967295,"mod_nano":0}`)
+		}, nil},
+		{"a negative size", stat, func(conn net.Conn, id uint64) {
+			reply(conn, id, `,"info":{"name":"f","size":-1,"mode":420,"mod_nano":0}`)
+		}, nil},
+		{"a name out of the directory", list, func(conn net.Conn, id uint64) {
+			reply(conn, id, `,"entries":[{"name":"../etc/passwd","size":1,"mode":420,"mod_nano":0}]`)
+		}, nil},
+		{"an absolute name", list, func(conn net.Conn, id uint64) {
+			reply(conn, id, `,"entries":[{"name":"/etc","size":1,"mode":420,"mod_nano":0}]`)
+		}, nil},
+		{"a name twice", list, func(conn net.Conn, id uint64) {
+			reply(conn, id, `,"entries":[{"name":"a","size":1,"mode":420,"mod_nano":0}],"more":true`)
+			reply(conn, id, `,"entries":[{"name":"a","size":1,"mode":420,"mod_nano":0}]`)
+		}, nil},
+		{"an empty part of a listing", list, func(conn net.Conn, id uint64) {
+			for range 3 {
+				reply(conn, id, `,"more":true`)
+			}
+		}, nil},
+		{"the agent's ENOENT", stat, func(conn net.Conn, id uint64) { reply(conn, id, `,"errno":2`) }, fs.ErrNotExist},
+		{"the agent's ELOOP", stat, func(conn net.Conn, id uint64) { reply(conn, id, `,"errno":40`) }, moat.ErrInvalid},
+		{"the agent's ENOSPC", stat, func(conn net.Conn, id uint64) { reply(conn, id, `,"errno":28`) }, moat.ErrInvalid},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ss := fakeSession(t, l, func(conn net.Conn, k wire.Kind, p []byte) {
+				if k == wire.KindFile {
+					c.answer(conn, fileID(p))
+				}
+			})
+			err := c.op(ss)
+			switch {
+			case err == nil:
+				t.Fatal("no error")
+			case c.is != nil && !errors.Is(err, c.is):
+				t.Errorf("error %v, want one wrapping %v", err, c.is)
+			case c.is == nil && !strings.Contains(err.Error(), "not one it makes"):
+				t.Errorf("error %v, want one saying the answer is not the agent's", err)
+			}
+		})
+	}
+	// A write past the file size limit is refused before the guest gets
+	// any of it.
+	var got atomic.Int64
+	ss := fakeSession(t, l, func(conn net.Conn, k wire.Kind, p []byte) {
+		if k == wire.KindData {
+			got.Add(int64(len(p) - 8))
+		}
+		if k == wire.KindFile {
+			var f wire.File
+			json.Unmarshal(p, &f)
+			if f.Op == wire.OpCommit {
+				reply(conn, f.ID, ``)
+			}
+		}
+	})
+	err := ss.WriteFile(context.Background(), "f", bytes.NewReader(make([]byte, 1<<20+1)))
+	if !errors.Is(err, moat.ErrInvalid) {
+		t.Errorf("a write past the file size limit: %v, want ErrInvalid", err)
+	}
+	if n := got.Load(); n > 1<<20 {
+		t.Errorf("the guest got %d bytes of a write past the limit", n)
 	}
 }
