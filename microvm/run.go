@@ -221,6 +221,8 @@ func waitExit(c *agentConn, s *sink, stdout, stderr io.Writer, limit time.Durati
 			return parseExit(f.payload)
 		case wire.KindFail:
 			return nil, unavailable("the guest agent failed", "", errors.New(clip(f.payload, 512)))
+		case wire.KindStarted:
+			// Of a run whose start was given up on (see vmSession.Start).
 		default:
 			return nil, fmt.Errorf("microvm: the agent sent %s during the run", f.kind)
 		}

@@ -629,6 +629,7 @@ func (a *agent) sessionRun(r *wire.Run, st *runState, turn chan struct{}) {
 		run = a.interpRun
 	}
 	exit, err := run(r, st)
+	st.done.Store(true)
 	if err != nil {
 		a.fatal(err)
 	}
@@ -662,10 +663,14 @@ func (a *agent) sessionRun(r *wire.Run, st *runState, turn chan struct{}) {
 type runState struct {
 	group  atomic.Pointer[string] // the run's cgroup, once known
 	killed atomic.Bool
+	done   atomic.Bool // the run has ended: a late Kill must not touch the cgroup (a live interpreter's)
 }
 
 // kill ends every process of the run, or the run before it starts.
 func (st *runState) kill() {
+	if st.done.Load() {
+		return
+	}
 	st.killed.Store(true)
 	if g := st.group.Load(); g != nil {
 		killGroup(*g)
