@@ -8,6 +8,7 @@ import (
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/image"
+	"github.com/moatsandbox/moat/internal/engine"
 )
 
 // Config configures a microvm sandbox. The zero value is usable once
@@ -44,20 +45,31 @@ type Config struct {
 	// template. It exists to measure what the template saves (the
 	// microvm-cold bench row). False means restore.
 	Cold bool `json:"cold,omitempty"`
-	// Ready is how many VMs the sandbox keeps restored from the template
-	// ahead of runs, each waiting for its one run, so that a run does not
-	// wait for QEMU to start and load the state. They are killed by Close.
-	// Zero means 1; a negative number means none (every run restores its
-	// VM itself). Cold sandboxes keep none.
-	Ready int `json:"ready,omitempty"`
-	// MaxVMs is the most VMs the sandbox runs at once; more runs wait for
-	// one to end (the wait counts in the Result's Duration, not in the
-	// run's wall time, which starts with the code). Zero means the number
-	// of host CPUs under TCG, where every running guest keeps a host CPU
-	// busy and a guest whose CPU is taken away still counts that time as
-	// its code's CPU time (emulation has no steal time); four times that
-	// under KVM.
+	// Warm is how many VMs the sandbox keeps restored from the template
+	// ahead of runs (the engine's pool, engine.Config.Warm), each waiting
+	// for its one run, so that a run does not wait for QEMU to start and
+	// load the state. They are killed by Close. Zero means 1; -1 means none
+	// (every run restores its VM itself); at most 16. Cold sandboxes keep
+	// none.
+	Warm int `json:"warm,omitempty"`
+	// MaxVMs is the most runs (one-shot or of a session) the sandbox runs
+	// at once; more runs wait for one to end (the wait counts in the
+	// Result's Duration, not in the run's wall time, which starts with the
+	// code). A session's VM, paused between its runs, takes no place. Zero
+	// means the number of host CPUs under TCG, where every running guest
+	// keeps a host CPU busy and a guest whose CPU is taken away still
+	// counts that time as its code's CPU time (emulation has no steal
+	// time); four times that under KVM.
 	MaxVMs int `json:"max_vms,omitempty"`
+	// SessionCPUTime is the most CPU time one session's runs may use in
+	// all, counted on the host as the CPU time of the session VM's QEMU
+	// process from the start of each run to its end (a figure the guest
+	// cannot change, which holds the guest kernel's and the agent's share
+	// and, under TCG, the emulation's). The run that reaches it ends with
+	// moat.ReasonTimeout; the session's later runs then fail with an error
+	// wrapping moat.ErrSpent (its files stay readable until Close). Zero
+	// means ten times Limits.CPUTime (100s with the default limits).
+	SessionCPUTime moat.Duration `json:"session_cpu_time,omitempty"`
 	// BootTimeout bounds one boot of a VM to the agent's hello. Zero means
 	// 90s.
 	BootTimeout moat.Duration `json:"boot_timeout,omitempty"`
@@ -92,6 +104,12 @@ func (c Config) Validate() error {
 	}
 	if c.MaxVMs < 0 {
 		return bad("max vms %d is negative", c.MaxVMs)
+	}
+	if err := engine.ValidateWarm(moat.LevelMicroVM, c.Warm); err != nil {
+		return err
+	}
+	if c.SessionCPUTime < 0 {
+		return bad("session cpu time %v is negative", c.SessionCPUTime)
 	}
 	if c.BootTimeout < 0 {
 		return bad("boot timeout %v is negative", c.BootTimeout)
@@ -128,6 +146,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.UIDCount == 0 {
 		c.UIDCount = 4096
+	}
+	if c.SessionCPUTime == 0 {
+		c.SessionCPUTime = 10 * c.Limits.WithDefaults().CPUTime
 	}
 	return c
 }

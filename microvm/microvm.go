@@ -29,7 +29,14 @@
 // unprivileged uid in the guest's run cgroup, chrooted into the root
 // filesystem, and lets it wait for its code (a zygote). For a run it
 // receives the code, sets the limits, releases python3 on it and streams
-// stdout and stderr back, then how the code ended. The code runs as
+// stdout and stderr back, then the evidence of how the code ended:
+// python3's wait status and flags for the CPU time, an OOM kill, a refused
+// fork, a file at the size limit and a full disk. The host takes that
+// report as evidence only within what the agent can send (a compromised
+// guest can send anything: a report outside it fails the run as the
+// sandbox's failure) and the one run engine (internal/engine) judges the
+// reason from it, together with its own wall timer, output cap and
+// cancellation, which kill the VM. The code runs as
 // `python3 FILE` would (module __main__ with globals of its own, sys.argv,
 // sys.path[0], the traceback printed by sys.excepthook, exit statuses), with
 // two differences: Python's string hash seed is the template's, the same in
@@ -46,10 +53,10 @@
 //
 // Limits inside the guest: memory and processes by the guest's cgroup v2
 // (memory.max, pids.max), CPU time by the cgroup's account and RLIMIT_CPU,
-// wall time by the agent (and a host-side backstop that kills the VM), file
-// size by RLIMIT_FSIZE, open files by RLIMIT_NOFILE, and the disk by the
-// size of the tmpfs that holds every writable place (/work, /tmp, /var/tmp,
-// /dev/shm). The guest's RAM is the memory limit plus the disk limit plus
+// wall time by the host (the engine kills the VM), file size by
+// RLIMIT_FSIZE, open files by RLIMIT_NOFILE, and the disk by the size of
+// the tmpfs that holds every writable place (/work, /tmp, /var/tmp,
+// /dev/shm); the code itself is on a tmpfs of its own. The guest's RAM is the memory limit plus the disk limit plus
 // 192MiB for the guest kernel, the agent and the page cache, at least
 // 512MiB, rounded up to 128MiB ([GuestMemoryMiB]): the default limits and
 // every smaller memory limit share one template, and the memory limit itself
@@ -63,7 +70,8 @@
 // sends the code together with the host's clock and fresh randomness, which
 // the agent sets and mixes into the kernel's pool (then reseeds it) before
 // the code runs. A sandbox keeps one VM restored ahead of its runs
-// ([Config.Ready]); each VM serves one run and is killed after it.
+// ([Config.Warm], the engine's pool); each VM serves one run and is killed
+// after it.
 // [Config.Cold] boots a fresh VM for every run instead, to measure what the
 // template saves. Templates are kept in STATE/microvm/templates under a key
 // of everything that changes them (QEMU and its command line, the kernel,
@@ -86,6 +94,48 @@
 // taken away still counts that time as its code's CPU time, so a sandbox
 // runs at most one VM per host CPU at a time and queues the other runs
 // ([Config.MaxVMs]).
+//
+// # Sessions
+//
+// [Sandbox.NewSession] restores one VM from the template for the session's
+// life; its agent serves the session's runs one at a time and keeps the
+// working directory (/work, on the writable layer) between them. Each run
+// is python3 in a cgroup of its own, as the run's uid, with the run's
+// limits; when python3 ends, the agent kills every process of that cgroup,
+// so nothing of a run outlives it. The agent then starts the next run's
+// python3 and says so, and the host pauses the VM (QMP stop) until the next
+// run or file operation (cont): between runs nothing of the session runs.
+// The session as a whole has the disk limit (the writable layer, sized
+// once) and, since a run leaves nothing behind, never more memory or
+// processes than one run's limits; its runs together have
+// [Config.SessionCPUTime] of CPU, counted on the host from the VM's QEMU
+// process. A run that times out ends the run (the host asks the agent to
+// kill it, and kills the VM only when the agent does not answer), not the
+// session.
+//
+// The file operations (moat.Files) are frames of the wire protocol that the
+// agent carries out inside the guest on the working directory, resolving
+// every name beneath it with openat2 and never following a symbolic link;
+// contents travel in chunks (wire.MaxData from the guest). The host checks
+// what the guest answers: sizes within the disk and file size limits, data
+// no longer than the size announced, names that are clean relative paths,
+// error numbers, modes. Close kills the VM; a session VM carries the same
+// tag as a one-shot one, so the reaper of a later moat kills it when the
+// moat that made it died (-9 included), and QEMU also dies with its
+// parent (Pdeathsig).
+//
+// With moat.SessionOptions.Interpreter, the agent keeps one python3 alive
+// for the session (a driver that runs each run's code with exec() in one
+// globals dictionary), as the run's uid in a cgroup of its own whose memory
+// and process limits cover all it holds; each run's CPU time is the
+// cgroup's since the run began. At a run's end every other process of that
+// cgroup is killed, and the VM pauses. A run that is killed (a limit, the
+// wall time, the output cap, a cancellation) or that ends the interpreter
+// (os._exit) ends it: the next run gets a fresh one, with the files kept,
+// and both runs say so in their Result's Notes. The code shares the
+// interpreter's process: it can change what later runs of its session do
+// and the exit status they report, never the limits, which the agent reads
+// from the cgroup.
 package microvm
 
 import (
@@ -94,15 +144,29 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/internal/engine"
 	"github.com/moatsandbox/moat/internal/uidpool"
+	"github.com/moatsandbox/moat/microvm/internal/wire"
 )
 
-// Sandbox is the microvm level. It is safe for concurrent use.
+// Sandbox is the microvm level: the run engine over a backend that
+// restores (or boots) a VM per run. It is safe for concurrent use.
 type Sandbox struct {
+	*engine.Sandbox // Run, Level, Limits, NewSession, Close
+	b               *backend
+}
+
+var (
+	_ moat.Sandbox   = (*Sandbox)(nil)
+	_ moat.Sessioner = (*Sandbox)(nil)
+)
+
+// backend is the engine's backend: what every VM of a sandbox boots, and
+// how.
+type backend struct {
 	cfg    Config
 	limits moat.Limits
 	vmm    *QEMU
@@ -112,22 +176,14 @@ type Sandbox struct {
 	note   string // the accelerator, in short, for each Result
 	tmpl   string // the template's directory, unless cold
 	meta   *templateMeta
-	slots  chan struct{} // one per VM that may run at once
+	maxVMs int
 	log    *slog.Logger
-
-	// ready holds VMs restored ahead of runs; the filler goroutine keeps it
-	// full until stopFill is called, and fillDone when it has returned.
-	ready    chan readyVM
-	refill   chan struct{}
-	stopFill context.CancelFunc
-	fillDone chan struct{}
-
-	mu     sync.Mutex
-	closed bool
-	runs   sync.WaitGroup
 }
 
-var _ moat.Sandbox = (*Sandbox)(nil)
+var (
+	_ engine.Backend        = (*backend)(nil)
+	_ engine.SessionBackend = (*backend)(nil)
+)
 
 func unavailable(reason, remedy string, err error) error {
 	return &moat.UnavailableError{Level: moat.LevelMicroVM, Reason: reason, Remedy: remedy, Err: err}
@@ -150,44 +206,51 @@ func New(cfg Config) (*Sandbox, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	reap(cfg.StateDir, log)
-	s, err := prepare(context.Background(), cfg, log)
+	b, err := prepare(context.Background(), cfg, log)
 	if err != nil {
 		return nil, err
 	}
-	if !cfg.Cold {
+	warm := cfg.Warm
+	if cfg.Cold {
+		warm = -1
+	} else {
 		start := time.Now()
-		dir, meta, err := ensureTemplate(context.Background(), cfg.StateDir, s.vmm, s.spec, time.Duration(cfg.BootTimeout))
+		dir, meta, err := ensureTemplate(context.Background(), cfg.StateDir, b.vmm, b.spec, time.Duration(cfg.BootTimeout))
 		if err != nil {
 			return nil, unavailable("cannot boot the template VM", "see the error; "+setupRemedy, err)
 		}
-		s.tmpl, s.meta = dir, meta
+		b.tmpl, b.meta = dir, meta
 		log.Info("microvm: template", "dir", dir, "boot_ms", meta.BootMS, "save_ms", meta.SaveMS, "bytes", meta.Size, "took", time.Since(start))
-		if n := cfg.Ready; n >= 0 {
-			if n == 0 {
-				n = 1
-			}
-			s.ready = make(chan readyVM, n)
-			s.refill = make(chan struct{}, 1)
-			s.fillDone = make(chan struct{})
-			ctx, cancel := context.WithCancel(context.Background())
-			s.stopFill = cancel
-			go s.fill(ctx)
-		}
 	}
-	return s, nil
+	e, err := engine.New(engine.Config{
+		Level:  moat.LevelMicroVM,
+		Limits: cfg.Limits,
+		Warm:   warm,
+		// Under TCG a restore keeps a host CPU busy: it waits for the
+		// run's end rather than competing with it.
+		RefillAfterRun: b.spec.Accel == AccelTCG,
+		MaxRuns:        b.maxVMs,
+		MaxCode:        wire.MaxCode,
+		Notes:          []string{b.note},
+		Logger:         log,
+	}, b)
+	if err != nil {
+		return nil, err
+	}
+	return &Sandbox{Sandbox: e, b: b}, nil
 }
 
 // Check says whether a sandbox with cfg can run here and which accelerator
 // it uses, without reaping anything. It builds the cached assets and runs
 // the accelerator probe if they are not there yet, but boots no template.
-func Check(cfg Config) moat.Availability {
+func Check(ctx context.Context, cfg Config) moat.Availability {
 	a := moat.Availability{Level: moat.LevelMicroVM}
 	if err := cfg.Validate(); err != nil {
 		a.Reason = err.Error()
 		return a
 	}
 	cfg = cfg.withDefaults()
-	s, err := prepare(context.Background(), cfg, slog.New(slog.DiscardHandler))
+	b, err := prepare(ctx, cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		var ue *moat.UnavailableError
 		if errors.As(err, &ue) {
@@ -201,9 +264,9 @@ func Check(cfg Config) moat.Availability {
 		return a
 	}
 	a.Available = true
-	a.Reason = s.accel
-	a.Details = s.details()
-	switch key, err := templateKey(s.vmm, s.spec); {
+	a.Reason = b.accel
+	a.Details = b.details()
+	switch key, err := templateKey(b.vmm, b.spec); {
 	case cfg.Cold:
 	case err != nil:
 		a.Details = append(a.Details, "template: "+err.Error())
@@ -220,49 +283,23 @@ func Check(cfg Config) moat.Availability {
 }
 
 // Accel returns the accelerator the sandbox's VMs use.
-func (s *Sandbox) Accel() Accel { return s.spec.Accel }
+func (s *Sandbox) Accel() Accel { return s.b.spec.Accel }
 
-// Level returns moat.LevelMicroVM.
-func (s *Sandbox) Level() moat.Level { return moat.LevelMicroVM }
-
-// Limits returns the limits every run gets, defaults filled in.
-func (s *Sandbox) Limits() moat.Limits { return s.limits }
-
-func (s *Sandbox) details() []string {
+func (b *backend) details() []string {
 	d := []string{
-		"vmm: " + s.vmm.Name() + " (" + s.vmm.Binary + "), machine microvm, no network device",
-		"accel: " + s.accel,
-		"kernel: " + s.spec.Kernel,
-		"disk: " + s.spec.Disk,
-		fmt.Sprintf("guest: %d MiB, %d vCPU; at most %d VMs at once", s.spec.MemoryMiB, s.spec.VCPUs, cap(s.slots)),
+		"vmm: " + b.vmm.Name() + " (" + b.vmm.Binary + "), machine microvm, no network device",
+		"accel: " + b.accel,
+		"kernel: " + b.spec.Kernel,
+		"disk: " + b.spec.Disk,
+		fmt.Sprintf("guest: %d MiB, %d vCPU; at most %d VMs at once", b.spec.MemoryMiB, b.spec.VCPUs, b.maxVMs),
 	}
-	if m := s.meta; m != nil {
-		d = append(d, fmt.Sprintf("template: %s (cold boot %d ms, save %d ms, %d bytes)", s.tmpl, m.BootMS, m.SaveMS, m.Size))
-	} else if s.cfg.Cold {
+	if m := b.meta; m != nil {
+		d = append(d, fmt.Sprintf("template: %s (cold boot %d ms, save %d ms, %d bytes)", b.tmpl, m.BootMS, m.SaveMS, m.Size))
+	} else if b.cfg.Cold {
 		d = append(d, "template: none (cold boot per run)")
 	}
 	return d
 }
 
-// Close makes later runs fail with moat.ErrClosed and waits for runs in
-// progress. It is safe to call more than once.
-func (s *Sandbox) Close() error {
-	s.mu.Lock()
-	s.closed = true
-	s.mu.Unlock()
-	s.runs.Wait()
-	if s.stopFill != nil {
-		s.stopFill()
-		<-s.fillDone
-		for {
-			select {
-			case r := <-s.ready:
-				r.vm.Kill()
-				continue
-			default:
-			}
-			break
-		}
-	}
-	return nil
-}
+// Close implements engine.Backend: the engine has discarded every VM.
+func (b *backend) Close() error { return nil }

@@ -93,6 +93,28 @@ func TestConformance(t *testing.T) {
 	}, sandboxtest.Options{Leftovers: leftovers, Dirs: []string{filepath.Join(cfg.withDefaults().StateDir, "microvm")}})
 }
 
+// The sessions' conformance suite: one VM per session.
+func TestSessions(t *testing.T) {
+	cfg := requireVMs(t)
+	sandboxtest.TestSessions(t, func(t *testing.T, l moat.Limits) moat.Sandbox {
+		c := cfg
+		c.Limits = l
+		sb, err := New(c)
+		if err != nil {
+			t.Fatalf("New: %v", err)
+		}
+		return sb
+	}, sandboxtest.SessionsOptions{
+		Leftovers: func(*testing.T) error {
+			if left := leftovers(); len(left) > 0 {
+				return errors.New("left on the host: " + strings.Join(left, ", "))
+			}
+			return nil
+		},
+		Dirs: []string{filepath.Join(cfg.withDefaults().StateDir, "microvm")},
+	})
+}
+
 func run(t *testing.T, sb *Sandbox, code string) *moat.Result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -149,7 +171,7 @@ func TestGuestKernel(t *testing.T) {
 // host's and randomness of its own.
 func TestRestore(t *testing.T) {
 	sb := open(t, requireVMs(t), moat.Limits{})
-	if sb.tmpl == "" || sb.meta == nil {
+	if sb.b.tmpl == "" || sb.b.meta == nil {
 		t.Fatal("the sandbox has no template")
 	}
 	code := "import os, random, time; print(os.urandom(8).hex() + '%x' % random.getrandbits(64), time.time())"
@@ -179,7 +201,7 @@ func TestRestore(t *testing.T) {
 // The accelerator is reported, and RequireKVM refuses to fall back.
 func TestAccelReported(t *testing.T) {
 	cfg := requireVMs(t)
-	a := Check(cfg)
+	a := Check(context.Background(), cfg)
 	if !a.Available {
 		t.Fatalf("Check: unavailable: %s (%s)", a.Reason, a.Remedy)
 	}
@@ -192,7 +214,7 @@ func TestAccelReported(t *testing.T) {
 		t.Errorf("Check's reason %q does not name the accelerator %s first", a.Reason, accel)
 	}
 	res := run(t, sb, "print(1)")
-	if !slices.Contains(res.Notes, sb.note) || !strings.HasPrefix(sb.note, "accel: "+string(accel)) {
+	if !slices.Contains(res.Notes, sb.b.note) || !strings.HasPrefix(sb.b.note, "accel: "+string(accel)) {
 		t.Errorf("the result's notes %q do not name the accelerator %s", res.Notes, accel)
 	}
 	req := cfg
@@ -207,7 +229,7 @@ func TestAccelReported(t *testing.T) {
 	if strict != nil {
 		strict.Close()
 	}
-	if a := Check(req); accel == AccelTCG && a.Available {
+	if a := Check(context.Background(), req); accel == AccelTCG && a.Available {
 		t.Errorf("Check with RequireKVM where KVM cannot boot the guest says available: %s", a.Reason)
 	}
 }

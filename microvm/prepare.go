@@ -28,14 +28,14 @@ func kernelCmdline(a Accel, tscKHz int64) string {
 
 // prepare finds or builds everything a VM boots from and chooses the
 // accelerator.
-func prepare(ctx context.Context, cfg Config, log *slog.Logger) (*Sandbox, error) {
+func prepare(ctx context.Context, cfg Config, log *slog.Logger) (*backend, error) {
 	if runtime.GOARCH != "amd64" {
 		return nil, unavailable("the microvm level is built for x86-64 hosts only", "", nil)
 	}
 	if os.Geteuid() != 0 {
 		return nil, unavailable(fmt.Sprintf("not root (uid %d): the level runs each QEMU as a uid of its own", os.Geteuid()), "run moat as root", nil)
 	}
-	s := &Sandbox{cfg: cfg, limits: cfg.Limits.WithDefaults(), log: log}
+	s := &backend{cfg: cfg, limits: cfg.Limits.WithDefaults(), log: log}
 	version, err := qemuVersion(ctx, cfg.QEMU)
 	if err != nil {
 		return nil, unavailable("QEMU is not installed", setupRemedy+" (apt-get install qemu-system-x86)", err)
@@ -110,7 +110,7 @@ func prepare(ctx context.Context, cfg Config, log *slog.Logger) (*Sandbox, error
 			n *= 4
 		}
 	}
-	s.slots = make(chan struct{}, n)
+	s.maxVMs = n
 	s.note = "accel: " + string(s.spec.Accel)
 	if s.spec.Accel == AccelTCG && cfg.Accel == "" {
 		s.note += " (software emulation: KVM cannot boot the guest here; moat doctor says why)"
@@ -122,7 +122,7 @@ func prepare(ctx context.Context, cfg Config, log *slog.Logger) (*Sandbox, error
 }
 
 // credentials gives each VM a uid of its own from the pool.
-func (s *Sandbox) credentials(groups []uint32) func() (int, int, []uint32, func(), error) {
+func (s *backend) credentials(groups []uint32) func() (int, int, []uint32, func(), error) {
 	return func() (int, int, []uint32, func(), error) {
 		l, err := s.uids.Acquire()
 		if err != nil {

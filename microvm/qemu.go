@@ -291,6 +291,21 @@ func (vm *qemuVM) Resume(ctx context.Context) error {
 	}
 }
 
+// Pause implements VM.
+func (vm *qemuVM) Pause(ctx context.Context) error {
+	if err := vm.mon.execute(ctx, "stop", nil, nil); err != nil {
+		return vm.explain(err)
+	}
+	return nil
+}
+
+// Abort implements VM.
+func (vm *qemuVM) Abort() {
+	if vm.cmd != nil && vm.cmd.Process != nil {
+		vm.cmd.Process.Kill()
+	}
+}
+
 // Kill implements VM.
 func (vm *qemuVM) Kill() error {
 	vm.killOnce.Do(func() {

@@ -13,9 +13,6 @@ import (
 	"github.com/moatsandbox/moat/internal/owner"
 )
 
-// runDir holds moat's runtime files of this level (the uid pool's locks).
-const runDir = "/run/moat/microvm"
-
 // ownersDir is where moat processes hold their owner ids (package owner),
 // shared with the other levels.
 const ownersDir = "/run/moat/owners"

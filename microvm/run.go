@@ -3,253 +3,228 @@ package microvm
 import (
 	"context"
 	"crypto/rand"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"path/filepath"
-	"slices"
-	"strings"
-	"syscall"
+	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/moatsandbox/moat"
-	"github.com/moatsandbox/moat/internal/capture"
+	"github.com/moatsandbox/moat/internal/engine"
 	"github.com/moatsandbox/moat/microvm/internal/wire"
 )
 
 // backstop is how long past the wall time the host waits for the agent's
-// report before it kills the VM itself.
+// report before it kills the VM itself. The engine kills the run at the
+// wall time; this covers a kill that did not take.
 const backstop = 15 * time.Second
 
-// Run runs req.Code under python3 in a VM of its own; see moat.Sandbox for
-// the contract.
-func (s *Sandbox) Run(ctx context.Context, req moat.Request) (*moat.Result, error) {
-	if len(req.Code) == 0 {
-		return nil, fmt.Errorf("microvm: empty code: %w", moat.ErrInvalid)
-	}
-	if len(req.Code) > int(s.limits.Disk) || len(req.Code) > wire.MaxCode {
-		return nil, fmt.Errorf("microvm: code of %d bytes is larger than the disk limit %v or the level's cap of %d bytes: %w",
-			len(req.Code), s.limits.Disk, wire.MaxCode, moat.ErrInvalid)
-	}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil, fmt.Errorf("microvm: %w", moat.ErrClosed)
-	}
-	s.runs.Add(1)
-	s.mu.Unlock()
-	defer s.runs.Done()
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	start := time.Now()
-	select {
-	case s.slots <- struct{}{}:
-		defer func() { <-s.slots }()
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-	defer s.askRefill()
-	vm, how, err := s.startVM(ctx)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		return nil, err
-	}
-	defer vm.Kill()
-	res, err := s.talk(ctx, vm, req)
+// startTimeout bounds the wait for the agent's Started once the code is
+// sent.
+const startTimeout = 30 * time.Second
+
+// Prepare implements engine.Backend: a VM restored from the template (or,
+// for a cold sandbox, booted), its agent waiting for the code.
+func (b *backend) Prepare(ctx context.Context) (engine.Instance, error) {
+	vm, how, err := b.startVM(ctx)
 	if err != nil {
 		return nil, err
 	}
-	vm.Kill()
-	res.Notes = append([]string{s.note, how}, res.Notes...)
-	res.Duration = time.Since(start)
-	s.log.Debug("microvm: run", "duration", res.Duration, "exit", res.ExitCode, "reason", res.Reason, "start", how)
-	return res, nil
+	return &vmInstance{b: b, vm: vm, c: newAgentConn(vm.Agent(), nil), how: how}, nil
 }
 
 // startVM restores the template, or boots a fresh VM when the sandbox is
-// cold, and returns it running with its agent waiting for the code.
-func (s *Sandbox) startVM(ctx context.Context) (VM, string, error) {
+// cold, and returns it running with its agent waiting.
+func (b *backend) startVM(ctx context.Context) (VM, string, error) {
 	start := time.Now()
-	if s.cfg.Cold {
-		vm, _, err := bootToHello(ctx, s.vmm, s.spec, time.Duration(s.cfg.BootTimeout))
+	if b.cfg.Cold {
+		vm, _, err := bootToHello(ctx, b.vmm, b.spec, time.Duration(b.cfg.BootTimeout))
 		if err != nil {
 			return nil, "", err
 		}
 		return vm, fmt.Sprintf("vm: cold boot to a ready agent in %d ms", time.Since(start).Milliseconds()), nil
 	}
-	if r, ok := s.takeReady(); ok {
-		return r.vm, fmt.Sprintf("vm: restored from template %s in %d ms, ahead of the run", filepath.Base(s.tmpl)[:12], r.ms), nil
-	}
-	vm, err := s.restore(ctx)
+	vm, err := b.restore(ctx)
 	if err != nil {
 		return nil, "", err
 	}
-	return vm, fmt.Sprintf("vm: restored from template %s in %d ms", filepath.Base(s.tmpl)[:12], time.Since(start).Milliseconds()), nil
+	return vm, fmt.Sprintf("vm: restored from template %s in %d ms", filepath.Base(b.tmpl)[:12], time.Since(start).Milliseconds()), nil
 }
 
-// guestReasons are the reasons the agent may report; the host adds output
-// and canceled itself.
-var guestReasons = []moat.Reason{moat.ReasonNone, moat.ReasonTimeout, moat.ReasonMemory, moat.ReasonPids,
-	moat.ReasonFileSize, moat.ReasonDisk, moat.ReasonSignal}
-
-// parseExit decodes the agent's exit report. The guest runs hostile code
-// and may be compromised, so a report that the agent could not have made is
-// an error, not a result.
-func parseExit(p []byte) (*wire.Exit, error) {
-	var e wire.Exit
-	if err := json.Unmarshal(p, &e); err != nil {
-		return nil, fmt.Errorf("microvm: the agent's exit report: %w", err)
+// restore starts a VM from the template and lets it run: its agent waits
+// for the code.
+func (b *backend) restore(ctx context.Context) (VM, error) {
+	spec := b.spec
+	spec.Restore = filepath.Join(b.tmpl, "state")
+	vm, err := b.vmm.Start(ctx, spec)
+	if errors.Is(err, fs.ErrNotExist) {
+		// A newer template of another sandbox superseded this one and
+		// removed it (see pruneTemplates): make it again.
+		if _, _, err := ensureTemplate(ctx, b.cfg.StateDir, b.vmm, b.spec, time.Duration(b.cfg.BootTimeout)); err != nil {
+			return nil, err
+		}
+		vm, err = b.vmm.Start(ctx, spec)
 	}
-	if e.ExitCode < 0 || e.ExitCode > 255 || e.Signal < 0 || e.Signal > 64 || !slices.Contains(guestReasons, moat.Reason(e.Reason)) {
-		return nil, fmt.Errorf("microvm: the agent's exit report is not one it makes: %s", clip(p, 512))
+	if err != nil {
+		return nil, err
 	}
-	return &e, nil
-}
-
-// clip returns b as valid UTF-8, cut to at most n bytes, for an error
-// message.
-func clip(b []byte, n int) string {
-	if len(b) > n {
-		b = b[:n]
+	rctx, cancel := context.WithTimeout(ctx, time.Duration(b.cfg.BootTimeout))
+	defer cancel()
+	if err := vm.Resume(rctx); err != nil {
+		vm.Kill()
+		return nil, err
 	}
-	return strings.ToValidUTF8(string(b), "?")
+	return vm, nil
 }
 
-type frame struct {
-	kind    wire.Kind
-	payload []byte
-}
-
-// talk sends the run to the agent and collects what it reports.
-func (s *Sandbox) talk(ctx context.Context, vm VM, req moat.Request) (*moat.Result, error) {
-	lim := s.limits
+// newRun is the Run frame of code under the sandbox's limits, with the
+// host's clock and fresh randomness.
+func (b *backend) newRun(code []byte) wire.Run {
+	lim := b.limits
 	seed := make([]byte, 64)
 	rand.Read(seed)
-	run := wire.Run{
-		Code: req.Code, UnixNano: time.Now().UnixNano(), Seed: seed,
-		WallMS: time.Duration(lim.WallTime).Milliseconds(), CPUMS: time.Duration(lim.CPUTime).Milliseconds(),
+	return wire.Run{
+		Code: code, UnixNano: time.Now().UnixNano(), Seed: seed,
+		CPUMS:  time.Duration(lim.CPUTime).Milliseconds(),
 		Memory: int64(lim.Memory), Pids: int64(lim.Pids), FileSize: int64(lim.FileSize),
 		Disk: int64(lim.Disk), OpenFiles: int64(lim.OpenFiles),
 	}
-	conn := vm.Agent()
-	frames := make(chan frame, 16)
-	readerDone := make(chan error, 1)
-	go func() {
-		defer close(frames)
-		for {
-			k, p, err := wire.Read(conn, wire.MaxReport)
-			if err != nil {
-				readerDone <- err
-				return
-			}
-			frames <- frame{k, p}
-		}
-	}()
-	// Whatever happens below, the reader ends before talk returns: killing
-	// the VM closes the connection.
-	defer func() {
-		vm.Kill()
-		for range frames {
-		}
-	}()
-	sendErr := make(chan error, 1)
-	go func() { sendErr <- wire.WriteJSON(conn, wire.KindRun, run) }()
+}
 
-	// The first byte past the output cap ends the run: the loop stops at
-	// once and the VM is killed, as at the host's wall-time backstop.
-	var outOver bool
-	over := func() { outOver = true }
-	stdout := capture.New(int64(lim.Output), req.Stdout, over)
-	stderr := capture.New(int64(lim.Output), req.Stderr, over)
-	timer := time.NewTimer(time.Duration(lim.WallTime) + backstop)
-	defer timer.Stop()
-	var (
-		started  bool
-		exit     *wire.Exit
-		canceled bool
-		hostKill bool
-	)
-loop:
+// vmInstance is one VM waiting for its one run.
+type vmInstance struct {
+	b   *backend
+	vm  VM
+	c   *agentConn
+	how string // how it was made, for the Result's notes
+}
+
+// Start implements engine.Instance: send the code and wait for the agent
+// to say it runs.
+func (in *vmInstance) Start(ctx context.Context, code []byte, stdout, stderr io.Writer) (engine.Process, error) {
+	select {
+	case <-in.vm.Exited():
+		return nil, fmt.Errorf("microvm: the VM restored ahead of the run has ended: %w", engine.ErrStale)
+	case <-in.c.done:
+		return nil, fmt.Errorf("microvm: the agent of the VM restored ahead of the run is gone (%v): %w", in.c.ended(), engine.ErrStale)
+	default:
+	}
+	s := in.c.runSink()
+	if err := startRun(ctx, in.c, s, in.b.newRun(code)); err != nil {
+		in.c.endRun(s)
+		in.vm.Abort()
+		return nil, err
+	}
+	return &runProcess{in: in, s: s, stdout: stdout, stderr: stderr,
+		wall: time.Duration(in.b.limits.WallTime)}, nil
+}
+
+// startRun sends r and waits for the agent's Started.
+func startRun(ctx context.Context, c *agentConn, s *sink, r wire.Run) error {
+	sent := make(chan error, 1)
+	go func() { sent <- c.sendJSON(wire.KindRun, r) }()
+	timeout := time.NewTimer(startTimeout)
+	defer timeout.Stop()
 	for {
 		select {
-		case f, ok := <-frames:
-			if !ok {
-				break loop
+		case err := <-sent:
+			if err != nil {
+				return err
 			}
+			sent = nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case f := <-s.ch:
 			switch f.kind {
 			case wire.KindStarted:
-				started = true
-			case wire.KindStdout:
-				stdout.Write(f.payload)
-				if outOver {
-					break loop
-				}
-			case wire.KindStderr:
-				stderr.Write(f.payload)
-				if outOver {
-					break loop
-				}
-			case wire.KindExit:
-				e, err := parseExit(f.payload)
-				if err != nil {
-					return nil, err
-				}
-				exit = e
-				break loop
+				return nil
 			case wire.KindFail:
-				return nil, unavailable("the guest agent failed", "", errors.New(clip(f.payload, 512)))
+				return unavailable("the guest agent failed", "", errors.New(clip(f.payload, 512)))
+			default:
+				return fmt.Errorf("microvm: the agent sent %s before the code started", f.kind)
 			}
-		case err := <-sendErr:
-			if err != nil {
-				return nil, fmt.Errorf("microvm: send the code: %w", err)
-			}
-			sendErr = nil
-		case <-ctx.Done():
-			canceled = true
-			break loop
-		case <-timer.C:
-			hostKill = true
-			break loop
+		case <-c.done:
+			return fmt.Errorf("microvm: the VM ended before the code started (%v)", c.ended())
+		case <-timeout.C:
+			return fmt.Errorf("microvm: the agent did not start the code within %v", startTimeout)
 		}
 	}
-	vm.Kill()
-	for range frames { // the output that was on its way
+}
+
+// Discard implements engine.Instance: the VM is killed.
+func (in *vmInstance) Discard() { in.vm.Kill() }
+
+// runProcess is the one run of a VM.
+type runProcess struct {
+	in             *vmInstance
+	s              *sink
+	stdout, stderr io.Writer
+	wall           time.Duration
+
+	mu         sync.Mutex
+	backstoped bool
+}
+
+// Kill implements engine.Process: the VM is killed, without waiting.
+func (p *runProcess) Kill() { p.in.vm.Abort() }
+
+// Wait implements engine.Process: the output frames go to the writers
+// until the agent's Exit, which is the evidence.
+func (p *runProcess) Wait() (engine.Evidence, error) {
+	c := p.in.c
+	defer c.endRun(p.s)
+	e, err := waitExit(c, p.s, p.stdout, p.stderr, p.wall+backstop, func() {
+		p.mu.Lock()
+		p.backstoped = true
+		p.mu.Unlock()
+		p.in.vm.Abort()
+	})
+	var ev engine.Evidence
+	if err == nil && (e.Fresh || e.Ended) {
+		err = fmt.Errorf("microvm: the agent's exit report speaks of an interpreter, which a one-shot run has not")
 	}
-	res := &moat.Result{
-		Level:     moat.LevelMicroVM,
-		Stdout:    stdout.Bytes(),
-		Stderr:    stderr.Bytes(),
-		Truncated: stdout.Truncated() || stderr.Truncated(),
+	if err == nil {
+		ev = evidence(e)
 	}
-	switch {
-	case outOver:
-		res.ExitCode = 128 + int(syscall.SIGKILL)
-		res.Signal = "SIGKILL"
-		res.Reason = moat.ReasonOutput
-	case exit != nil:
-		res.ExitCode = exit.ExitCode
-		if exit.Signal > 0 {
-			res.Signal = unix.SignalName(syscall.Signal(exit.Signal))
+	ev.Notes = append(ev.Notes, p.in.how)
+	p.mu.Lock()
+	if p.backstoped {
+		ev.Notes = append(ev.Notes, "the agent did not report within the wall time; the host killed the VM")
+	}
+	p.mu.Unlock()
+	return ev, err
+}
+
+// waitExit writes a run's output frames to stdout and stderr until its
+// Exit, which it returns checked. When no Exit has come within limit, it
+// calls stop (which must make the reader end) and goes on reading what the
+// reader still delivers.
+func waitExit(c *agentConn, s *sink, stdout, stderr io.Writer, limit time.Duration, stop func()) (*wire.Exit, error) {
+	timer := time.NewTimer(limit)
+	defer timer.Stop()
+	for {
+		f, ok, timedOut := c.next(s, timer.C)
+		if timedOut {
+			stop()
+			continue
 		}
-		res.Reason = moat.Reason(exit.Reason)
-	case canceled && !started:
-		return nil, ctx.Err()
-	case canceled, hostKill:
-		res.ExitCode = 128 + int(syscall.SIGKILL)
-		res.Signal = "SIGKILL"
-		res.Reason = moat.ReasonCanceled
-		if hostKill {
-			res.Reason = moat.ReasonTimeout
-			res.Notes = append(res.Notes, "the agent did not report within the wall time; the host killed the VM")
+		if !ok {
+			return nil, fmt.Errorf("microvm: the VM ended without a report (%v)", c.ended())
 		}
-	default:
-		err := <-readerDone
-		return nil, fmt.Errorf("microvm: the VM ended without a report (%v)", err)
+		switch f.kind {
+		case wire.KindStdout:
+			stdout.Write(f.payload)
+		case wire.KindStderr:
+			stderr.Write(f.payload)
+		case wire.KindExit:
+			return parseExit(f.payload)
+		case wire.KindFail:
+			return nil, unavailable("the guest agent failed", "", errors.New(clip(f.payload, 512)))
+		case wire.KindStarted:
+			// Of a run whose start was given up on (see vmSession.Start).
+		default:
+			return nil, fmt.Errorf("microvm: the agent sent %s during the run", f.kind)
+		}
 	}
-	return res, nil
 }

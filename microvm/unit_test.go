@@ -3,9 +3,11 @@ package microvm
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -14,11 +16,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/internal/engine"
 	"github.com/moatsandbox/moat/internal/owner"
 	"github.com/moatsandbox/moat/microvm/internal/wire"
 )
@@ -48,7 +52,11 @@ func TestConfigValidate(t *testing.T) {
 		ok   bool
 	}{
 		{"zero", Config{}, true},
-		{"tcg", Config{Accel: AccelTCG, Cold: true, VCPUs: 2, MaxVMs: 3}, true},
+		{"tcg", Config{Accel: AccelTCG, Cold: true, VCPUs: 2, MaxVMs: 3, Warm: 16, SessionCPUTime: moat.Duration(time.Minute)}, true},
+		{"no warm VM", Config{Warm: -1}, true},
+		{"too many warm VMs", Config{Warm: 17}, false},
+		{"warm below -1", Config{Warm: -2}, false},
+		{"negative session cpu time", Config{SessionCPUTime: -1}, false},
 		{"unknown accel", Config{Accel: "hvf"}, false},
 		{"require kvm with tcg", Config{Accel: AccelTCG, RequireKVM: true}, false},
 		{"negative vcpus", Config{VCPUs: -1}, false},
@@ -207,91 +215,419 @@ func TestReap(t *testing.T) {
 }
 
 // fakeVM is a VM whose guest is the test: its agent port is one end of a
-// pipe.
+// unix socket pair. Abort stands for QEMU's death: the guest's end closes,
+// and what the guest had written is still there to read, as from a real
+// VM's socket.
 type fakeVM struct {
 	host, guest net.Conn
 	exited      chan struct{}
 	once        sync.Once
+	paused      atomic.Int32 // Pause calls
+	resumed     atomic.Int32 // Resume calls
 }
 
-func newFakeVM() *fakeVM {
-	h, g := net.Pipe()
-	return &fakeVM{host: h, guest: g, exited: make(chan struct{})}
+func newFakeVM(t *testing.T) *fakeVM {
+	t.Helper()
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := func(fd int) net.Conn {
+		f := os.NewFile(uintptr(fd), "fake")
+		defer f.Close()
+		c, err := net.FileConn(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	f := &fakeVM{host: conn(fds[0]), guest: conn(fds[1]), exited: make(chan struct{})}
+	t.Cleanup(func() { f.Kill() })
+	return f
 }
 
 func (f *fakeVM) Agent() net.Conn                    { return f.host }
 func (f *fakeVM) Save(context.Context, string) error { return errors.New("fake") }
-func (f *fakeVM) Resume(context.Context) error       { return nil }
-func (f *fakeVM) Pid() int                           { return 0 }
+func (f *fakeVM) Resume(context.Context) error       { f.resumed.Add(1); return nil }
+func (f *fakeVM) Pause(context.Context) error        { f.paused.Add(1); return nil }
+func (f *fakeVM) Pid() int                           { return os.Getpid() }
 func (f *fakeVM) Exited() <-chan struct{}            { return f.exited }
+func (f *fakeVM) Abort()                             { f.once.Do(func() { f.guest.Close(); close(f.exited) }) }
 func (f *fakeVM) Kill() error {
-	f.once.Do(func() { f.host.Close(); f.guest.Close(); close(f.exited) })
+	f.Abort()
+	f.host.Close()
 	return nil
 }
+
+// fakeBackend gives the engine instances over fake VMs, each played by
+// guest.
+type fakeBackend struct {
+	t     *testing.T
+	b     *backend
+	guest func(conn net.Conn)
+}
+
+func (f *fakeBackend) Prepare(ctx context.Context) (engine.Instance, error) {
+	vm := newFakeVM(f.t)
+	go func() {
+		if _, _, err := wire.Read(vm.guest, 0); err != nil {
+			return
+		}
+		f.guest(vm.guest)
+		io.Copy(io.Discard, vm.guest)
+	}()
+	return &vmInstance{b: f.b, vm: vm, c: newAgentConn(vm.Agent(), nil), how: "vm: fake"}, nil
+}
+
+func (f *fakeBackend) Close() error { return nil }
+
+func fakeSandbox(t *testing.T, l moat.Limits, guest func(conn net.Conn)) *engine.Sandbox {
+	t.Helper()
+	b := &backend{limits: l.WithDefaults(), log: slog.New(slog.DiscardHandler)}
+	sb, err := engine.New(engine.Config{Level: moat.LevelMicroVM, Limits: l, Warm: -1, MaxCode: wire.MaxCode},
+		&fakeBackend{t: t, b: b, guest: guest})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sb.Close() })
+	return sb
+}
+
+func exitFrame(conn net.Conn, e string) { wire.Write(conn, wire.KindExit, []byte(e)) }
 
 // The host does not take the guest's word beyond what the agent could say:
 // a compromised guest gets an error for its run, never an allocation of its
 // choosing or a result the agent cannot make.
 func TestHostileGuest(t *testing.T) {
-	s := &Sandbox{limits: moat.Limits{}.WithDefaults()}
+	started := func(conn net.Conn) { wire.Write(conn, wire.KindStarted, nil) }
 	for _, c := range []struct {
 		name  string
 		guest func(conn net.Conn)
 		want  string
 	}{
 		{"huge frame", func(conn net.Conn) {
+			started(conn)
 			conn.Write([]byte{byte(wire.KindStdout), 0x7f, 0xff, 0xff, 0xff})
 		}, "frame too large"},
 		{"frame just over the limit", func(conn net.Conn) {
+			started(conn)
 			wire.Write(conn, wire.KindStdout, make([]byte, wire.MaxReport+1))
 		}, "frame too large"},
-		{"unknown reason", func(conn net.Conn) {
-			wire.Write(conn, wire.KindExit, []byte(`{"exit_code":0,"reason":"contained"}`))
+		{"a reason, which the agent no longer sends", func(conn net.Conn) {
+			started(conn)
+			exitFrame(conn, `{"exit_code":0,"reason":"contained"}`)
 		}, "not one it makes"},
-		{"host's reason", func(conn net.Conn) {
-			wire.Write(conn, wire.KindExit, []byte(`{"exit_code":137,"reason":"canceled"}`))
+		{"an unknown field", func(conn net.Conn) {
+			started(conn)
+			exitFrame(conn, `{"exit_code":0,"verdict":"ok"}`)
 		}, "not one it makes"},
 		{"exit code out of range", func(conn net.Conn) {
-			wire.Write(conn, wire.KindExit, []byte(`{"exit_code":-1}`))
+			started(conn)
+			exitFrame(conn, `{"exit_code":-1}`)
 		}, "not one it makes"},
+		{"exit code past 255", func(conn net.Conn) {
+			started(conn)
+			exitFrame(conn, `{"exit_code":256}`)
+		}, "not one it makes"},
+		{"both an exit code and a signal", func(conn net.Conn) {
+			started(conn)
+			exitFrame(conn, `{"exit_code":1,"signal":9}`)
+		}, "not one it makes"},
+		{"a signal out of range", func(conn net.Conn) {
+			started(conn)
+			exitFrame(conn, `{"signal":65}`)
+		}, "not one it makes"},
+		{"a negative CPU time", func(conn net.Conn) {
+			started(conn)
+			exitFrame(conn, `{"exit_code":0,"cpu_ms":-5}`)
+		}, "not one it makes"},
+		{"two reports in one frame", func(conn net.Conn) {
+			started(conn)
+			exitFrame(conn, `{"exit_code":0}{"exit_code":1}`)
+		}, "not one it makes"},
+		{"a hello during the run", func(conn net.Conn) {
+			started(conn)
+			wire.Write(conn, wire.KindHello, []byte(`{}`))
+		}, "never sends"},
+		{"output before started", func(conn net.Conn) {
+			wire.Write(conn, wire.KindStdout, []byte("x"))
+		}, "before the code started"},
 		{"long failure", func(conn net.Conn) {
+			started(conn)
 			wire.Write(conn, wire.KindFail, bytes.Repeat([]byte{0xff}, wire.MaxReport))
 		}, "the guest agent failed"},
+		{"the VM ends without a report", func(conn net.Conn) {
+			started(conn)
+			conn.Close()
+		}, "without a report"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			vm := newFakeVM()
-			defer vm.Kill()
-			go func() {
-				if _, _, err := wire.Read(vm.guest, 0); err != nil {
-					return
-				}
-				c.guest(vm.guest)
-				io.Copy(io.Discard, vm.guest)
-			}()
-			res, err := s.talk(context.Background(), vm, moat.Request{Code: []byte("print(1)")})
-			if err == nil || !strings.Contains(err.Error(), c.want) {
-				t.Fatalf("talk = %+v, %v; want an error saying %q", res, err, c.want)
+			sb := fakeSandbox(t, moat.Limits{}, c.guest)
+			res, err := sb.Run(context.Background(), moat.Request{Code: []byte("print(1)")})
+			if err == nil || !strings.Contains(err.Error(), c.want) || !errors.Is(err, moat.ErrUnavailable) {
+				t.Fatalf("Run = %+v, %v; want an error wrapping ErrUnavailable saying %q", res, err, c.want)
 			}
 			if len(err.Error()) > 2048 {
 				t.Errorf("the error holds %d bytes of the guest's words", len(err.Error()))
 			}
 		})
 	}
-	// What the agent does say is taken.
-	vm := newFakeVM()
-	defer vm.Kill()
-	go func() {
-		wire.Read(vm.guest, 0)
-		wire.Write(vm.guest, wire.KindStarted, nil)
-		wire.Write(vm.guest, wire.KindStdout, []byte("hi\n"))
-		wire.Write(vm.guest, wire.KindExit, []byte(`{"exit_code":137,"signal":9,"reason":"memory"}`))
-		io.Copy(io.Discard, vm.guest)
-	}()
-	res, err := s.talk(context.Background(), vm, moat.Request{Code: []byte("print(1)")})
+}
+
+// What the agent does say is evidence, and the engine judges it.
+func TestGuestEvidence(t *testing.T) {
+	for _, c := range []struct {
+		exit   string
+		code   int
+		signal string
+		reason moat.Reason
+	}{
+		{`{"exit_code":0}`, 0, "", moat.ReasonNone},
+		{`{"exit_code":3}`, 3, "", moat.ReasonNone},
+		{`{"signal":9,"oom":true}`, 137, "SIGKILL", moat.ReasonMemory},
+		{`{"signal":9,"cpu":true,"oom":true}`, 137, "SIGKILL", moat.ReasonTimeout},
+		{`{"signal":24}`, 152, "SIGXCPU", moat.ReasonTimeout},
+		{`{"exit_code":1,"pids":true,"disk":true}`, 1, "", moat.ReasonPids},
+		{`{"exit_code":1,"file_size":true,"disk":true}`, 1, "", moat.ReasonFileSize},
+		{`{"exit_code":1,"disk":true}`, 1, "", moat.ReasonDisk},
+		{`{"signal":11}`, 139, "SIGSEGV", moat.ReasonSignal},
+		{`{"exit_code":0,"oom":true}`, 0, "", moat.ReasonMemory},
+	} {
+		sb := fakeSandbox(t, moat.Limits{}, func(conn net.Conn) {
+			wire.Write(conn, wire.KindStarted, nil)
+			wire.Write(conn, wire.KindStdout, []byte("hi\n"))
+			exitFrame(conn, c.exit)
+		})
+		res, err := sb.Run(context.Background(), moat.Request{Code: []byte("print(1)")})
+		if err != nil {
+			t.Fatalf("%s: %v", c.exit, err)
+		}
+		if string(res.Stdout) != "hi\n" || res.ExitCode != c.code || res.Signal != c.signal || res.Reason != c.reason {
+			t.Errorf("%s: result exit %d, signal %q, reason %q, stdout %q; want %d, %q, %q, hi", c.exit,
+				res.ExitCode, res.Signal, res.Reason, res.Stdout, c.code, c.signal, c.reason)
+		}
+		if !slices.Contains(res.Notes, "vm: fake") {
+			t.Errorf("%s: notes %q lack how the VM was made", c.exit, res.Notes)
+		}
+	}
+}
+
+// A run whose output passes the cap while its CPU time ran out is a
+// timeout: the reasons go in moat's order (timeout before output), and the
+// agent's report, already sent when the cap killed the VM, is still read.
+func TestTimeoutBeforeOutput(t *testing.T) {
+	l := moat.Limits{Output: 4 * moat.KiB}
+	sb := fakeSandbox(t, l, func(conn net.Conn) {
+		wire.Write(conn, wire.KindStarted, nil)
+		wire.Write(conn, wire.KindStdout, bytes.Repeat([]byte("x"), 16<<10))
+		exitFrame(conn, `{"signal":9,"cpu":true,"cpu_ms":10000}`)
+	})
+	res, err := sb.Run(context.Background(), moat.Request{Code: []byte("print(1)")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(res.Stdout) != "hi\n" || res.ExitCode != 137 || res.Signal != "SIGKILL" || res.Reason != moat.ReasonMemory {
-		t.Errorf("result %+v, want stdout hi, exit 137, SIGKILL, reason memory", res)
+	if res.Reason != moat.ReasonTimeout || !res.Truncated || res.ExitCode != 137 {
+		t.Errorf("reason %q, truncated %v, exit %d; want timeout, truncated, 137", res.Reason, res.Truncated, res.ExitCode)
+	}
+	// Past the cap alone, it is output.
+	sb = fakeSandbox(t, l, func(conn net.Conn) {
+		wire.Write(conn, wire.KindStarted, nil)
+		wire.Write(conn, wire.KindStdout, bytes.Repeat([]byte("x"), 16<<10))
+		exitFrame(conn, `{"exit_code":0}`)
+	})
+	res, err = sb.Run(context.Background(), moat.Request{Code: []byte("print(1)")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Reason != moat.ReasonOutput || !res.Truncated {
+		t.Errorf("reason %q, truncated %v; want output, truncated", res.Reason, res.Truncated)
+	}
+}
+
+// A guest that never reports is killed at the wall time (by the engine)
+// and the run is a timeout.
+func TestSilentGuestTimesOut(t *testing.T) {
+	sb := fakeSandbox(t, moat.Limits{WallTime: moat.Duration(300 * time.Millisecond)}, func(conn net.Conn) {
+		wire.Write(conn, wire.KindStarted, nil)
+	})
+	res, err := sb.Run(context.Background(), moat.Request{Code: []byte("print(1)")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Reason != moat.ReasonTimeout || res.Signal != "SIGKILL" {
+		t.Errorf("reason %q, signal %q; want timeout, SIGKILL", res.Reason, res.Signal)
+	}
+}
+
+// processCPU reads what getrusage says of this process.
+func TestProcessCPU(t *testing.T) {
+	rusage := func() time.Duration {
+		var ru syscall.Rusage
+		syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	before, err := processCPU(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r0 := rusage()
+	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); {
+	}
+	r1 := rusage()
+	after, err := processCPU(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, want := after-before, r1-r0
+	if got < want/2 || got > 2*want+50*time.Millisecond {
+		t.Errorf("processCPU counted %v over a spin that getrusage counts %v", got, want)
+	}
+	if _, err := processCPU(1 << 30); err == nil {
+		t.Errorf("processCPU of no process: no error")
+	}
+}
+
+// fakeSession is a session over a fake VM whose agent is answer: it gets
+// every frame the host sends after the session's opening.
+func fakeSession(t *testing.T, l moat.Limits, answer func(conn net.Conn, k wire.Kind, p []byte)) *vmSession {
+	t.Helper()
+	vm := newFakeVM(t)
+	b := &backend{limits: l.WithDefaults(), log: slog.New(slog.DiscardHandler),
+		cfg: Config{BootTimeout: moat.Duration(10 * time.Second)}}
+	ss := &vmSession{b: b, vm: vm, idle: make(chan struct{}, 1), budget: time.Hour}
+	ss.c = newAgentConn(vm.Agent(), ss.onIdle)
+	go func() {
+		if k, _, err := wire.Read(vm.guest, 0); err != nil || k != wire.KindSession {
+			return
+		}
+		wire.Write(vm.guest, wire.KindIdle, nil)
+		for {
+			k, p, err := wire.Read(vm.guest, 0)
+			if err != nil {
+				return
+			}
+			answer(vm.guest, k, p)
+		}
+	}()
+	if err := ss.open(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ss.Close() })
+	return ss
+}
+
+func reply(conn net.Conn, id uint64, r string) {
+	wire.Write(conn, wire.KindReply, []byte(fmt.Sprintf(`{"id":%d%s}`, id, r)))
+}
+
+func fileID(p []byte) uint64 {
+	var f wire.File
+	json.Unmarshal(p, &f)
+	return f.ID
+}
+
+// What a compromised guest answers to file operations is checked: sizes
+// past the limits, data past what was announced, names that are not clean
+// or repeat, modes and error numbers out of range, another file's
+// description. Each is an error, never a result; an errno the agent sends
+// maps to moat's classes.
+func TestHostileGuestFiles(t *testing.T) {
+	l := moat.Limits{Disk: 4 * moat.MiB, FileSize: 1 * moat.MiB}
+	type answer func(conn net.Conn, id uint64)
+	read := func(ss *vmSession) error { _, err := ss.ReadFile(context.Background(), "f"); return err }
+	list := func(ss *vmSession) error { _, err := ss.ListFiles(context.Background()); return err }
+	stat := func(ss *vmSession) error { _, err := ss.Stat(context.Background(), "f"); return err }
+	for _, c := range []struct {
+		name   string
+		op     func(*vmSession) error
+		answer answer
+		is     error // nil: an error of the guest's
+	}{
+		{"a size past the disk", read, func(conn net.Conn, id uint64) {
+			reply(conn, id, `,"size":5000000,"more":true`)
+		}, nil},
+		{"more data than announced", read, func(conn net.Conn, id uint64) {
+			reply(conn, id, `,"size":3,"more":true`)
+			wire.Write(conn, wire.KindData, wire.DataPayload(id, []byte("abcd")))
+			reply(conn, id, ``)
+		}, nil},
+		{"data before the size", read, func(conn net.Conn, id uint64) {
+			wire.Write(conn, wire.KindData, wire.DataPayload(id, []byte("a")))
+		}, nil},
+		{"an errno with a result", read, func(conn net.Conn, id uint64) {
+			reply(conn, id, `,"errno":2,"size":3,"more":true`)
+		}, nil},
+		{"an errno out of range", stat, func(conn net.Conn, id uint64) {
+			reply(conn, id, `,"errno":100000`)
+		}, nil},
+		{"an unknown field", stat, func(conn net.Conn, id uint64) {
+			reply(conn, id, `,"info":{"name":"f","size":1,"mode":420,"mod_nano":0},"verdict":"ok"`)
+		}, nil},
+		{"another file's description", stat, func(conn net.Conn, id uint64) {
+			reply(conn, id, `,"info":{"name":"g","size":1,"mode":420,"mod_nano":0}`)
+		}, nil},
+		{"a mode of unknown bits", stat, func(conn net.Conn, id uint64) {
+			reply(conn, id, `,"info":{"name":"f","size":1,"mode":4294967295,"mod_nano":0}`)
+		}, nil},
+		{"a negative size", stat, func(conn net.Conn, id uint64) {
+			reply(conn, id, `,"info":{"name":"f","size":-1,"mode":420,"mod_nano":0}`)
+		}, nil},
+		{"a name out of the directory", list, func(conn net.Conn, id uint64) {
+			reply(conn, id, `,"entries":[{"name":"../etc/passwd","size":1,"mode":420,"mod_nano":0}]`)
+		}, nil},
+		{"an absolute name", list, func(conn net.Conn, id uint64) {
+			reply(conn, id, `,"entries":[{"name":"/etc","size":1,"mode":420,"mod_nano":0}]`)
+		}, nil},
+		{"a name twice", list, func(conn net.Conn, id uint64) {
+			reply(conn, id, `,"entries":[{"name":"a","size":1,"mode":420,"mod_nano":0}],"more":true`)
+			reply(conn, id, `,"entries":[{"name":"a","size":1,"mode":420,"mod_nano":0}]`)
+		}, nil},
+		{"an empty part of a listing", list, func(conn net.Conn, id uint64) {
+			for range 3 {
+				reply(conn, id, `,"more":true`)
+			}
+		}, nil},
+		{"the agent's ENOENT", stat, func(conn net.Conn, id uint64) { reply(conn, id, `,"errno":2`) }, fs.ErrNotExist},
+		{"the agent's ELOOP", stat, func(conn net.Conn, id uint64) { reply(conn, id, `,"errno":40`) }, moat.ErrInvalid},
+		{"the agent's ENOSPC", stat, func(conn net.Conn, id uint64) { reply(conn, id, `,"errno":28`) }, moat.ErrInvalid},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ss := fakeSession(t, l, func(conn net.Conn, k wire.Kind, p []byte) {
+				if k == wire.KindFile {
+					c.answer(conn, fileID(p))
+				}
+			})
+			err := c.op(ss)
+			switch {
+			case err == nil:
+				t.Fatal("no error")
+			case c.is != nil && !errors.Is(err, c.is):
+				t.Errorf("error %v, want one wrapping %v", err, c.is)
+			case c.is == nil && !strings.Contains(err.Error(), "not one it makes"):
+				t.Errorf("error %v, want one saying the answer is not the agent's", err)
+			}
+		})
+	}
+	// A write past the file size limit is refused before the guest gets
+	// any of it.
+	var got atomic.Int64
+	ss := fakeSession(t, l, func(conn net.Conn, k wire.Kind, p []byte) {
+		if k == wire.KindData {
+			got.Add(int64(len(p) - 8))
+		}
+		if k == wire.KindFile {
+			var f wire.File
+			json.Unmarshal(p, &f)
+			if f.Op == wire.OpCommit {
+				reply(conn, f.ID, ``)
+			}
+		}
+	})
+	err := ss.WriteFile(context.Background(), "f", bytes.NewReader(make([]byte, 1<<20+1)))
+	if !errors.Is(err, moat.ErrInvalid) {
+		t.Errorf("a write past the file size limit: %v, want ErrInvalid", err)
+	}
+	if n := got.Load(); n > 1<<20 {
+		t.Errorf("the guest got %d bytes of a write past the limit", n)
 	}
 }

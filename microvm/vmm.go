@@ -64,8 +64,12 @@ type VM interface {
 	// Save pauses the guest and writes its state to path. The VM stays
 	// paused; the caller kills it afterwards.
 	Save(ctx context.Context, path string) error
-	// Resume waits for a restore to finish and lets the guest run.
+	// Resume waits for a restore to finish, or for nothing when the guest
+	// was paused, and lets the guest run.
 	Resume(ctx context.Context) error
+	// Pause stops the guest's vCPUs (QMP stop): nothing in the guest runs
+	// until Resume.
+	Pause(ctx context.Context) error
 	// Pid is the VMM process's id on the host.
 	Pid() int
 	// Exited is closed when the VMM process has ended.
@@ -73,6 +77,9 @@ type VM interface {
 	// Kill ends the VMM process and waits for it. It may be called more
 	// than once.
 	Kill() error
+	// Abort sends the VMM process SIGKILL and returns at once; Kill still
+	// cleans up.
+	Abort()
 }
 
 // socketPair returns two connected unix stream sockets: the host's end as a

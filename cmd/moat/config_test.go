@@ -103,7 +103,7 @@ const goodConfig = `{
   "microvm": {"state_dir": "/m", "image": {"state_dir": "/i", "suite": "trixie", "packages": ["python3", "python3-numpy"],
               "mirror": "http://127.0.0.1/debian", "repository": "repo"},
               "qemu": "/q", "kernel_dir": "/k", "agent": "/a", "vcpus": 2, "accel": "tcg", "require_kvm": true,
-              "cold": true, "ready": 2, "max_vms": 4, "boot_timeout": "1m30s", "uid_first": 7000, "uid_count": 8},
+              "cold": true, "warm": 2, "max_vms": 4, "session_cpu_time": "2m", "boot_timeout": "1m30s", "uid_first": 7000, "uid_count": 8},
   "server": {"addr": "127.0.0.1:9999", "tokens_file": "/t", "levels": "subprocess,gvisor", "state_dir": "/st",
              "max_code_bytes": "2MiB", "max_body_bytes": "3MiB", "max_file_bytes": "4MiB",
              "max_sessions_per_token": 5, "max_concurrent_runs": 6, "queue_length": 7, "queue_wait": "8s",

@@ -183,7 +183,7 @@ func levelTable() []levelEntry {
 				return microvm.New(fc.microvmConfig())
 			},
 			check: func(ctx context.Context, fc fileConfig) moat.Availability {
-				return microvm.Check(fc.microvmConfig())
+				return microvm.Check(ctx, fc.microvmConfig())
 			},
 			claims: claimsAll,
 		},

@@ -22,6 +22,11 @@ type Config struct {
 	// Warm is how many instances are kept prepared ahead of runs. Zero
 	// means DefaultWarm; -1 means none (every run prepares its own).
 	Warm int
+	// RefillAfterRun makes the pool prepare the instance that replaces
+	// one a run took once that run has ended, not as it starts: for a
+	// level whose Prepare competes with the run for the host's CPU (a
+	// microvm under emulation, where a restore keeps a CPU busy).
+	RefillAfterRun bool
 	// MaxRuns caps how many runs (and session runs) are in progress at
 	// once; the others wait for a slot, or for their context. Zero means no
 	// cap.
@@ -89,6 +94,7 @@ func New(cfg Config, b Backend) (*Sandbox, error) {
 		warm = DefaultWarm
 	}
 	s.pool = newPool(b, max(warm, 0), s.log, cfg.Level)
+	s.pool.refillAfter = cfg.RefillAfterRun
 	return s, nil
 }
 
@@ -214,6 +220,9 @@ func (s *Sandbox) runFresh(ctx context.Context, req moat.Request, start time.Tim
 		}
 		res, err := s.runIn(ctx, inst.Start, req, start)
 		inst.Discard()
+		if s.cfg.RefillAfterRun {
+			s.pool.poke()
+		}
 		if errors.Is(err, ErrStale) && attempt == 0 {
 			continue
 		}

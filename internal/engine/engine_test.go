@@ -266,6 +266,32 @@ func TestPoolKeepsWarmAndCloseDiscards(t *testing.T) {
 	}
 }
 
+// With RefillAfterRun the pool replaces the instance a run took once the
+// run has ended, not while it runs; without it, at once.
+func TestPoolRefillAfterRun(t *testing.T) {
+	for _, after := range []bool{false, true} {
+		s, b := newFake(t, Config{Limits: moat.Limits{WallTime: moat.Duration(time.Minute)}, RefillAfterRun: after})
+		waitFor(t, func() bool { p, _, _ := b.counts(); return p == 1 })
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			s.Run(ctx, moat.Request{Code: []byte("sleep")})
+		}()
+		if !after {
+			waitFor(t, func() bool { p, _, _ := b.counts(); return p == 2 })
+		} else {
+			time.Sleep(100 * time.Millisecond)
+			if p, _, _ := b.counts(); p != 1 {
+				t.Errorf("RefillAfterRun: %d instances prepared while the run was in progress, want the one it took", p)
+			}
+		}
+		cancel()
+		<-done
+		waitFor(t, func() bool { p, _, _ := b.counts(); return p == 2 })
+	}
+}
+
 func TestPoolNoneWhenWarmIsMinusOne(t *testing.T) {
 	s, b := newFake(t, Config{Limits: fast(), Warm: -1})
 	time.Sleep(50 * time.Millisecond)

@@ -19,6 +19,9 @@ type pool struct {
 	log   *slog.Logger
 	level moat.Level
 
+	// refillAfter: take does not wake the refill; the run's end does.
+	refillAfter bool
+
 	ready  chan Instance
 	wake   chan struct{}
 	quit   chan struct{}
@@ -53,11 +56,15 @@ func (p *pool) poke() {
 func (p *pool) take(ctx context.Context) (Instance, error) {
 	select {
 	case inst := <-p.ready:
-		p.poke()
+		if !p.refillAfter {
+			p.poke()
+		}
 		return inst, nil
 	default:
 	}
-	p.poke()
+	if !p.refillAfter {
+		p.poke()
+	}
 	return p.b.Prepare(ctx)
 }
 

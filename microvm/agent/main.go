@@ -9,14 +9,24 @@
 // a cgroup for the run, starts python3 in it (chrooted into the root
 // filesystem, as an unprivileged uid) to wait for its code, opens the
 // virtio-serial port named moat.agent and says Hello. moat saves the VM at
-// that point and starts every sandbox as a restore of it.
+// that point and starts every VM as a restore of it.
 //
-// After the restore, moat sends one Run: the agent sets the clock, reseeds
-// the kernel's random generator, sizes the writable layer to the disk limit,
-// sets the cgroup's memory and process limits and python3's rlimits, and
-// hands python3 the code. It streams stdout and stderr to the host, enforces
-// the wall and CPU time, and reports how the code ended. The VM serves one
-// run and is thrown away.
+// After the restore, moat sends one Run, or a Session. For a Run the agent
+// sets the clock, reseeds the kernel's random generator, sizes the writable
+// layer to the disk limit, sets the cgroup's memory and process limits and
+// python3's rlimits, and hands python3 the code. It streams stdout and
+// stderr to the host, enforces the CPU time, and sends the evidence of how
+// the code ended (python3's wait status, the cgroup's events, the files at
+// the size limit, a full disk); the host judges it, keeps the wall time and
+// throws the VM away.
+//
+// In a session the agent serves many Runs, one at a time, each in a cgroup
+// of its own whose every process it kills when python3 ends, and keeps the
+// working directory between them; after each it starts the next run's
+// python3 and says Idle, and the host pauses the VM until the next run. It
+// also carries out the session's file operations inside the guest, on names
+// resolved beneath the working directory without following any symbolic
+// link (openat2 with RESOLVE_BENEATH and RESOLVE_NO_SYMLINKS).
 package main
 
 import (
@@ -25,10 +35,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -51,7 +62,7 @@ const (
 	newRoot   = "/newroot"
 	cgroupDir = "/sys/fs/cgroup"
 	runGroup  = "/sys/fs/cgroup/run"
-	codeDir   = "/.moat"
+	codeDir   = "/.moat" // a tmpfs of its own in the run's root: the code and the zygote
 	workDir   = "/work"
 	python    = "/usr/bin/python3"
 	runUID    = 1000
@@ -75,6 +86,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "moat guest agent: must run as PID 1 of a moat VM")
 		os.Exit(2)
 	}
+	reaped = newReaper()
 	a := &agent{}
 	if err := a.boot(); err != nil {
 		a.fatal(fmt.Errorf("boot: %w", err))
@@ -86,13 +98,23 @@ func main() {
 }
 
 type agent struct {
-	port   *os.File
-	mu     sync.Mutex // serializes frames on port
+	port *os.File
+	mu   sync.Mutex // serializes frames on port
+	// zygote is python3 waiting for the next run's code; groups counts the
+	// run cgroups made, to name the next.
 	zygote *zygote
+	groups int
+	// files is the session's working directory (nil outside a session).
+	files *files
+	// interpMode: the session keeps a live interpreter, interp (nil once
+	// it has ended, until the next run starts a fresh one).
+	interpMode bool
+	interp     *interp
 }
 
-// zygoteSource is the Python program that waits, in the template, for the
-// path of the code on descriptor 3 and then runs the code as `python3 PATH`
+// zygoteSource is the Python program that, once started, closes
+// descriptor 4 (the agent then knows it is ready), waits for the path of
+// the code on descriptor 3 and then runs the code as `python3 PATH`
 // would: as module __main__ with its own globals, sys.argv and sys.path[0]
 // set from PATH, the traceback of an uncaught exception printed by
 // sys.excepthook without the zygote's frame and exit status 1 (an uncaught
@@ -104,6 +126,7 @@ type agent struct {
 // TestZygoteAsPython3 compares the two.
 const zygoteSource = `import os, sys
 def _moat_main():
+    os.close(4)
     with os.fdopen(3, 'rb') as f:
         path = f.read().decode()
     with open(path, 'rb') as f:
@@ -149,19 +172,25 @@ if _moat_status:
     raise SystemExit(_moat_status)
 `
 
-// zygote is python3 waiting for its code.
+// zygote is python3 waiting for its code, in a cgroup of its own.
 type zygote struct {
 	cmd       *exec.Cmd
+	group     string   // its cgroup's directory
 	start     *os.File // write the code's path and close: the code runs
 	out, errs *os.File // its stdout and stderr
 }
 
-// startZygote starts zygoteSource in the run's root, cgroup and uid.
-func startZygote() (*zygote, error) {
-	if err := os.WriteFile(newRoot+codeDir+"/zygote.py", []byte(zygoteSource), 0o444); err != nil {
+// zygoteReady bounds the wait for a new python3 to be ready.
+const zygoteReady = time.Minute
+
+// startZygote starts zygoteSource in the run's root and uid, in a new
+// cgroup, group, and waits until it is ready: what is left for a run is
+// the code.
+func startZygote(group string) (*zygote, error) {
+	if err := os.Mkdir(group, 0o755); err != nil {
 		return nil, err
 	}
-	cg, err := os.Open(runGroup)
+	cg, err := os.Open(group)
 	if err != nil {
 		return nil, err
 	}
@@ -188,13 +217,27 @@ func startZygote() (*zygote, error) {
 	defer devNull.Close()
 	cmd := pythonCmd(codeDir + "/zygote.py")
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = devNull, outW, errW
-	cmd.ExtraFiles = []*os.File{goR}
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer readyR.Close()
+	cmd.ExtraFiles = []*os.File{goR, readyW}
 	cmd.SysProcAttr.UseCgroupFD = true
 	cmd.SysProcAttr.CgroupFD = int(cg.Fd())
-	if err := cmd.Start(); err != nil {
+	err = reaped.start(cmd)
+	readyW.Close()
+	if err != nil {
 		return nil, fmt.Errorf("start python3: %w", err)
 	}
-	return &zygote{cmd: cmd, start: goW, out: outR, errs: errR}, nil
+	z := &zygote{cmd: cmd, group: group, start: goW, out: outR, errs: errR}
+	// python3 closes its end when it is ready, or dies.
+	readyR.SetReadDeadline(time.Now().Add(zygoteReady))
+	if _, err := readyR.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		cmd.Process.Kill()
+		return nil, fmt.Errorf("python3 was not ready within %v: %v", zygoteReady, err)
+	}
+	return z, nil
 }
 
 func (a *agent) send(k wire.Kind, p []byte) error {
@@ -294,11 +337,14 @@ func (a *agent) boot() error {
 	if err := prepareCgroup(); err != nil {
 		return err
 	}
+	if err := os.WriteFile(newRoot+codeDir+"/zygote.py", []byte(zygoteSource), 0o444); err != nil {
+		return err
+	}
 	// python3 starts now, as the run's uid in the run's cgroup, and waits
 	// for its code: a VM restored from this one runs the code without
 	// starting the interpreter again (and the page cache saved with the
 	// template holds python3 and its standard library).
-	z, err := startZygote()
+	z, err := startZygote(runGroup)
 	if err != nil {
 		return err
 	}
@@ -404,6 +450,9 @@ func prepareRoot() error {
 		}
 	}
 	if err := mountAll([]mnt{
+		// Sized for each run's code (a remount): the code never takes
+		// from the run's disk.
+		{"tmpfs", newRoot + codeDir, "tmpfs", nosuid | unix.MS_NOEXEC, "size=64k,nr_inodes=16,mode=0755"},
 		{"proc", newRoot + "/proc", "proc", nosuid | unix.MS_NOEXEC, "hidepid=2"},
 		{"tmpfs", newRoot + "/dev", "tmpfs", unix.MS_NOSUID | unix.MS_NOEXEC, "size=64k,nr_inodes=64,mode=0755"},
 	}); err != nil {
@@ -443,40 +492,202 @@ func prepareCgroup() error {
 	if err := os.WriteFile(cgroupDir+"/cgroup.subtree_control", []byte("+memory +pids"), 0); err != nil {
 		return fmt.Errorf("enable cgroup controllers: %w", err)
 	}
-	return os.Mkdir(runGroup, 0o755)
+	return nil
 }
 
-// serve waits for the one Run and carries it out.
+// serve waits for the first frame after the restore, a Run or a Session,
+// and carries it out.
 func (a *agent) serve() error {
 	k, p, err := wire.Read(a.port, 0)
 	if err != nil {
 		return fmt.Errorf("read run: %w", err)
 	}
-	if k != wire.KindRun {
-		return fmt.Errorf("want a run frame, got %s", k)
+	switch k {
+	case wire.KindRun:
+		var r wire.Run
+		if err := json.Unmarshal(p, &r); err != nil {
+			return fmt.Errorf("run: %w", err)
+		}
+		if err := refresh(r.UnixNano, r.Seed); err != nil {
+			return err
+		}
+		if err := sizeLayer(r.Disk); err != nil {
+			return err
+		}
+		exit, err := a.run(&r, &runState{})
+		if err != nil {
+			return err
+		}
+		return a.sendJSON(wire.KindExit, exit)
+	case wire.KindSession:
+		var s wire.Session
+		if err := json.Unmarshal(p, &s); err != nil {
+			return fmt.Errorf("session: %w", err)
+		}
+		return a.session(&s)
 	}
-	var r wire.Run
-	if err := json.Unmarshal(p, &r); err != nil {
-		return fmt.Errorf("run: %w", err)
+	return fmt.Errorf("want a run or a session frame, got %s", k)
+}
+
+// sizeLayer sizes the writable layer to the disk limit.
+func sizeLayer(disk int64) error {
+	inodes := max(disk/(4<<10), 64) + 64
+	if err := unix.Mount("tmpfs", upperFS, "tmpfs", unix.MS_REMOUNT|nosuid,
+		fmt.Sprintf("size=%d,nr_inodes=%d", disk, inodes)); err != nil {
+		return fmt.Errorf("size the writable layer: %w", err)
 	}
-	exit, err := a.run(&r)
+	return nil
+}
+
+// session serves a session's runs and file operations until the VM is
+// killed. Runs take turns: the next waits for the previous one's end and
+// for its python3 to be ready. File operations are carried out as they
+// come, during a run too.
+func (a *agent) session(s *wire.Session) error {
+	if err := refresh(s.UnixNano, s.Seed); err != nil {
+		return err
+	}
+	if err := sizeLayer(s.Disk); err != nil {
+		return err
+	}
+	f, err := openFiles(newRoot+workDir, runUID, runGID, s.FileSize, a)
 	if err != nil {
 		return err
 	}
-	return a.sendJSON(wire.KindExit, exit)
+	a.files = f
+	if s.Interpreter {
+		if err := os.WriteFile(newRoot+codeDir+"/driver.py", []byte(driverSource), 0o444); err != nil {
+			return err
+		}
+		// The template's python3 has no part in it.
+		if z := a.zygote; z != nil {
+			killGroup(z.group)
+			z.start.Close()
+			z.out.Close()
+			z.errs.Close()
+			go func() { reaped.wait(z.cmd.Process.Pid); removeGroup(z.group) }()
+			a.zygote = nil
+		}
+		it, err := a.startInterp()
+		if err != nil {
+			return err
+		}
+		a.interpMode, a.interp = true, it
+	}
+	turn := make(chan struct{}, 1) // held by the run in progress
+	var cur *runState
+	if err := a.send(wire.KindIdle, nil); err != nil {
+		return err
+	}
+	for {
+		k, p, err := wire.Read(a.port, 0)
+		if err != nil {
+			return fmt.Errorf("session: read: %w", err)
+		}
+		switch k {
+		case wire.KindRun:
+			var r wire.Run
+			if err := json.Unmarshal(p, &r); err != nil {
+				return fmt.Errorf("session: run: %w", err)
+			}
+			st := &runState{}
+			cur = st
+			go a.sessionRun(&r, st, turn)
+		case wire.KindKill:
+			if cur != nil {
+				cur.kill()
+			}
+		case wire.KindFile:
+			var op wire.File
+			if err := json.Unmarshal(p, &op); err != nil {
+				return fmt.Errorf("session: file: %w", err)
+			}
+			a.files.do(&op)
+		case wire.KindData:
+			id, b, err := wire.DataID(p)
+			if err != nil {
+				return fmt.Errorf("session: %w", err)
+			}
+			a.files.data(id, b)
+		default:
+			return fmt.Errorf("session: want a run, kill or file frame, got %s", k)
+		}
+	}
+}
+
+// sessionRun carries out one run of a session once the previous one is
+// done, then makes the next run's python3 ready and says Idle.
+func (a *agent) sessionRun(r *wire.Run, st *runState, turn chan struct{}) {
+	turn <- struct{}{}
+	defer func() { <-turn }()
+	if err := refresh(r.UnixNano, r.Seed); err != nil {
+		a.fatal(err)
+	}
+	a.files.runStarts()
+	run := a.run
+	if a.interpMode {
+		run = a.interpRun
+	}
+	exit, err := run(r, st)
+	st.done.Store(true)
+	if err != nil {
+		a.fatal(err)
+	}
+	if err := a.sendJSON(wire.KindExit, exit); err != nil {
+		a.fatal(err)
+	}
+	if a.interpMode {
+		if a.interp == nil {
+			// The next run's, ready before the VM pauses.
+			it, err := a.startInterp()
+			if err != nil {
+				a.fatal(fmt.Errorf("start the next interpreter: %w", err))
+			}
+			it.fresh = true
+			a.interp = it
+		}
+		a.send(wire.KindIdle, nil)
+		return
+	}
+	a.groups++
+	z, err := startZygote(fmt.Sprintf("%s/run-%d", cgroupDir, a.groups))
+	if err != nil {
+		a.fatal(fmt.Errorf("start the next run's python3: %w", err))
+	}
+	a.zygote = z
+	a.send(wire.KindIdle, nil)
+}
+
+// runState is the run in progress, which the host may ask to kill (Kill)
+// at any moment, before its code is released too.
+type runState struct {
+	group  atomic.Pointer[string] // the run's cgroup, once known
+	killed atomic.Bool
+	done   atomic.Bool // the run has ended: a late Kill must not touch the cgroup (a live interpreter's)
+}
+
+// kill ends every process of the run, or the run before it starts.
+func (st *runState) kill() {
+	if st.done.Load() {
+		return
+	}
+	st.killed.Store(true)
+	if g := st.group.Load(); g != nil {
+		killGroup(*g)
+	}
 }
 
 // refresh sets the clock and reseeds the random generator: a restored VM
 // would otherwise carry the template's time and the template's random
 // state, the same in every clone.
-func refresh(r *wire.Run) error {
-	if r.UnixNano > 0 {
-		ts := unix.NsecToTimespec(r.UnixNano)
+func refresh(unixNano int64, seed []byte) error {
+	if unixNano > 0 {
+		ts := unix.NsecToTimespec(unixNano)
 		if err := unix.ClockSettime(unix.CLOCK_REALTIME, &ts); err != nil {
 			return fmt.Errorf("set clock: %w", err)
 		}
 	}
-	if len(r.Seed) == 0 {
+	if len(seed) == 0 {
 		return errors.New("no seed")
 	}
 	f, err := os.OpenFile("/dev/urandom", os.O_WRONLY, 0)
@@ -485,10 +696,10 @@ func refresh(r *wire.Run) error {
 	}
 	defer f.Close()
 	// struct rand_pool_info { int entropy_count; int buf_size; u32 buf[]; }
-	buf := make([]byte, 8+len(r.Seed))
-	*(*int32)(unsafe.Pointer(&buf[0])) = int32(8 * len(r.Seed))
-	*(*int32)(unsafe.Pointer(&buf[4])) = int32(len(r.Seed))
-	copy(buf[8:], r.Seed)
+	buf := make([]byte, 8+len(seed))
+	*(*int32)(unsafe.Pointer(&buf[0])) = int32(8 * len(seed))
+	*(*int32)(unsafe.Pointer(&buf[4])) = int32(len(seed))
+	copy(buf[8:], seed)
 	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.RNDADDENTROPY, uintptr(unsafe.Pointer(&buf[0]))); e != 0 {
 		return fmt.Errorf("add entropy: %w", e)
 	}
@@ -498,18 +709,33 @@ func refresh(r *wire.Run) error {
 	return nil
 }
 
-func (a *agent) run(r *wire.Run) (*wire.Exit, error) {
-	if err := refresh(r); err != nil {
-		return nil, err
+// run runs r's code in the zygote and returns the evidence of how it
+// ended. Every process of the run is gone when it returns.
+func (a *agent) run(r *wire.Run, st *runState) (*wire.Exit, error) {
+	z := a.zygote
+	a.zygote = nil
+	group := z.group
+	st.group.Store(&group)
+	defer func() {
+		killGroup(group)
+		go removeGroup(group)
+	}()
+	if st.killed.Load() {
+		// Killed before its code was released: nothing of it ran.
+		killGroup(group)
+		z.start.Close()
+		reaped.wait(z.cmd.Process.Pid)
+		z.out.Close()
+		z.errs.Close()
+		return &wire.Exit{Signal: int(unix.SIGKILL)}, nil
 	}
-	// The writable layer holds the code, then at most the disk limit.
 	codeSize := (int64(len(r.Code)) + 4095) &^ 4095
-	inodes := max(r.Disk/(4<<10), 64) + 64
-	if err := unix.Mount("tmpfs", upperFS, "tmpfs", unix.MS_REMOUNT|nosuid,
-		fmt.Sprintf("size=%d,nr_inodes=%d", r.Disk+codeSize, inodes)); err != nil {
-		return nil, fmt.Errorf("size the writable layer: %w", err)
+	if err := unix.Mount("tmpfs", newRoot+codeDir, "tmpfs", unix.MS_REMOUNT|nosuid|unix.MS_NOEXEC,
+		fmt.Sprintf("size=%d,nr_inodes=16", codeSize+64<<10)); err != nil {
+		return nil, fmt.Errorf("size the code's layer: %w", err)
 	}
 	codePath := codeDir + "/main.py"
+	os.Remove(newRoot + codePath)
 	if err := os.WriteFile(newRoot+codePath, r.Code, 0o444); err != nil {
 		return nil, fmt.Errorf("write the code: %w", err)
 	}
@@ -518,17 +744,16 @@ func (a *agent) run(r *wire.Run) (*wire.Exit, error) {
 		"memory.oom.group": "1",
 		"pids.max":         strconv.FormatInt(r.Pids, 10),
 	} {
-		if err := os.WriteFile(filepath.Join(runGroup, file), []byte(v), 0); err != nil {
+		if err := os.WriteFile(filepath.Join(group, file), []byte(v), 0); err != nil {
 			return nil, fmt.Errorf("cgroup %s: %w", file, err)
 		}
 	}
 	// No swap in the guest; this only makes sure where the kernel has it.
-	os.WriteFile(filepath.Join(runGroup, "memory.swap.max"), []byte("0"), 0)
+	os.WriteFile(filepath.Join(group, "memory.swap.max"), []byte("0"), 0)
 
-	z := a.zygote
 	pid := z.cmd.Process.Pid
-	// The CPU python3 used to start, in the template, is not the code's.
-	baseMS := cpuUsageMS()
+	// The CPU python3 used to start is not the code's.
+	baseMS := cpuUsageMS(group)
 	// SIGXCPU at the CPU limit, SIGKILL a second later for code that
 	// ignores it; the cgroup's account bounds the tree as a whole.
 	cpuSec := uint64((baseMS+999)/1000 + (r.CPUMS+999)/1000)
@@ -542,21 +767,22 @@ func (a *agent) run(r *wire.Run) (*wire.Exit, error) {
 			return nil, fmt.Errorf("rlimit %d of python3: %w", rl[0], err)
 		}
 	}
+	// Files changed from now on are the run's (see fileAtLimit).
 	start := time.Now()
 	if _, err := z.start.WriteString(codePath); err != nil {
 		return nil, fmt.Errorf("start the code: %w", err)
 	}
 	z.start.Close()
 	a.send(wire.KindStarted, nil)
-	outR, errR := z.out, z.errs
 	cmd := z.cmd
 
 	var pumps sync.WaitGroup
 	for _, s := range []struct {
 		f *os.File
 		k wire.Kind
-	}{{outR, wire.KindStdout}, {errR, wire.KindStderr}} {
+	}{{z.out, wire.KindStdout}, {z.errs, wire.KindStderr}} {
 		pumps.Go(func() {
+			defer s.f.Close()
 			buf := make([]byte, wire.MaxReport)
 			for {
 				n, err := s.f.Read(buf)
@@ -570,38 +796,31 @@ func (a *agent) run(r *wire.Run) (*wire.Exit, error) {
 		})
 	}
 
-	// The wall and CPU time of the whole run, children included.
+	// The CPU time of the whole run, children included. The wall time is
+	// the host's.
 	var over atomic.Bool
-	kill := func() {
-		over.Store(true)
-		killGroup()
-	}
 	done := make(chan struct{})
 	go func() {
-		wall := time.NewTimer(time.Duration(r.WallMS) * time.Millisecond)
-		defer wall.Stop()
 		tick := time.NewTicker(50 * time.Millisecond)
 		defer tick.Stop()
 		for {
 			select {
 			case <-done:
 				return
-			case <-wall.C:
-				kill()
-				return
 			case <-tick.C:
-				if cpuUsageMS()-baseMS >= r.CPUMS {
-					kill()
+				if cpuUsageMS(group)-baseMS >= r.CPUMS {
+					over.Store(true)
+					killGroup(group)
 					return
 				}
 			}
 		}
 	}()
-	waitErr := cmd.Wait()
+	ws := reaped.wait(cmd.Process.Pid)
 	close(done)
 	wallMS := time.Since(start).Milliseconds()
 	// Whatever the code left running dies with it.
-	killGroup()
+	killGroup(group)
 	pumpsDone := make(chan struct{})
 	go func() { pumps.Wait(); close(pumpsDone) }()
 	select {
@@ -609,24 +828,40 @@ func (a *agent) run(r *wire.Run) (*wire.Exit, error) {
 	case <-time.After(2 * time.Second):
 	}
 
-	return report(cmd.ProcessState, waitErr, r, evidence{
+	var skip map[uint64]bool
+	if a.files != nil {
+		skip = a.files.committed()
+	}
+	return report(ws, r, evidence{
 		overTime: over.Load(),
-		cpuMS:    cpuUsageMS() - baseMS,
+		cpuMS:    cpuUsageMS(group) - baseMS,
 		wallMS:   wallMS,
 		oomKilled: func() bool {
-			return eventCount("memory.events", "oom_kill") > 0 || eventCount("memory.events", "oom_group_kill") > 0
+			return eventCount(group, "memory.events", "oom_kill") > 0 || eventCount(group, "memory.events", "oom_group_kill") > 0
 		},
-		pidsRefused: func() bool { return eventCount("pids.events", "max") > 0 },
-		fileAtLimit: func() bool { return fileAtLimit(r.FileSize, upperFS+"/u", upperFS+"/shm") },
-		diskFull:    func() bool { return diskFull(upperFS) },
+		pidsRefused: func() bool { return eventCount(group, "pids.events", "max") > 0 },
+		fileAtLimit: func() bool {
+			return fileAtLimit(r.FileSize, start, skip, upperFS+"/u", upperFS+"/shm")
+		},
+		diskFull: func() bool { return diskFull(upperFS) },
 	})
+}
+
+// removeGroup removes a run's cgroup once its killed processes are gone.
+func removeGroup(group string) {
+	for i := 0; i < 100; i++ {
+		if err := os.Remove(group); err == nil || errors.Is(err, fs.ErrNotExist) {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // evidence is what the agent saw of how a run ended, besides python3's
 // wait status. The funcs look at the run's cgroup and files; report calls
-// each at most once, and none past the first that gives the reason.
+// each once.
 type evidence struct {
-	overTime    bool  // the agent killed the run at its wall or CPU time
+	overTime    bool  // the agent killed the run at its CPU time
 	cpuMS       int64 // the CPU time the run used
 	wallMS      int64
 	oomKilled   func() bool // the memory cgroup killed a process of the run
@@ -635,40 +870,99 @@ type evidence struct {
 	diskFull    func() bool // the writable layer has no space or no inode left
 }
 
-// report makes the Exit of a run with limits r from python3's state after
-// Wait (nil, with waitErr, when Wait could not reap it) and ev. Reasons go
-// in moat's order: timeout, memory, pids, filesize, disk, signal.
-func report(ps *os.ProcessState, waitErr error, r *wire.Run, ev evidence) (*wire.Exit, error) {
-	if ps == nil {
-		return nil, fmt.Errorf("wait for python3: %w", waitErr)
-	}
+// report makes the Exit of a run with limits r from python3's wait status
+// and ev. It states facts only; the host decides the reason.
+func report(ws syscall.WaitStatus, r *wire.Run, ev evidence) (*wire.Exit, error) {
 	exit := &wire.Exit{CPUMS: ev.cpuMS, WallMS: ev.wallMS}
-	ws, _ := ps.Sys().(syscall.WaitStatus)
-	switch {
-	case ws.Signaled():
+	if ws.Signaled() {
 		exit.Signal = int(ws.Signal())
-		exit.ExitCode = 128 + exit.Signal
-	default:
+	} else {
 		exit.ExitCode = ws.ExitStatus()
 	}
-	sig := ws.Signaled()
-	switch {
-	case ev.overTime:
-		exit.Reason = "timeout"
-	case sig && (ws.Signal() == unix.SIGXCPU || (ws.Signal() == unix.SIGKILL && exit.CPUMS >= r.CPUMS)):
-		exit.Reason = "timeout"
-	case ev.oomKilled():
-		exit.Reason = "memory"
-	case ev.pidsRefused():
-		exit.Reason = "pids"
-	case ev.fileAtLimit():
-		exit.Reason = "filesize"
-	case ev.diskFull():
-		exit.Reason = "disk"
-	case sig:
-		exit.Reason = "signal"
-	}
+	// The CPU watch's kill, or RLIMIT_CPU's SIGKILL at its hard limit.
+	exit.CPU = ev.overTime || (ws.Signaled() && ws.Signal() == unix.SIGKILL && ev.cpuMS >= r.CPUMS)
+	exit.OOM = ev.oomKilled()
+	exit.Pids = ev.pidsRefused()
+	exit.FileSize = ev.fileAtLimit()
+	exit.Disk = ev.diskFull()
 	return exit, nil
+}
+
+// reaped is the agent's one reaper. As PID 1 the agent inherits every
+// process whose parent died before it (a run's children once its python3
+// is killed, a daemon the code double-forked), and a zombie it does not
+// reap keeps its pid and its place in the run's pids cgroup. So the agent
+// reaps every child itself, as they end, and hands the status of the
+// ones it started (python3) to whoever waits for them; no exec.Cmd.Wait.
+// main starts it (never a test: it would reap the test's children).
+var reaped *reaper
+
+type reaper struct {
+	mu      sync.Mutex
+	waiting map[int]chan syscall.WaitStatus // the children started and not yet waited for
+}
+
+func newReaper() *reaper {
+	r := &reaper{waiting: map[int]chan syscall.WaitStatus{}}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, unix.SIGCHLD)
+	go func() {
+		// A SIGCHLD may stand for several children; the tick catches one
+		// that came between a reap and the next wait for the signal.
+		tick := time.NewTicker(time.Second)
+		for {
+			select {
+			case <-sig:
+			case <-tick.C:
+			}
+			r.reapAll()
+		}
+	}()
+	return r
+}
+
+// start starts cmd and makes its status one that wait can take.
+func (r *reaper) start(cmd *exec.Cmd) error {
+	// Held over the start: a child that ends at once is reaped only after
+	// it is registered.
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	r.waiting[cmd.Process.Pid] = make(chan syscall.WaitStatus, 1)
+	return nil
+}
+
+func (r *reaper) reapAll() {
+	for {
+		var ws syscall.WaitStatus
+		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+		if err == syscall.EINTR {
+			continue
+		}
+		if pid <= 0 || err != nil {
+			return
+		}
+		r.mu.Lock()
+		if ch, ok := r.waiting[pid]; ok {
+			ch <- ws
+		}
+		r.mu.Unlock()
+	}
+}
+
+// wait returns the status of pid, a child started by start, once it has
+// ended.
+func (r *reaper) wait(pid int) syscall.WaitStatus {
+	r.mu.Lock()
+	ch := r.waiting[pid]
+	r.mu.Unlock()
+	ws := <-ch
+	r.mu.Lock()
+	delete(r.waiting, pid)
+	r.mu.Unlock()
+	return ws
 }
 
 // pythonCmd returns python3 with args, to run in the run's root as the
@@ -691,18 +985,19 @@ func pythonCmd(args ...string) *exec.Cmd {
 	}
 }
 
-func killGroup() {
-	os.WriteFile(runGroup+"/cgroup.kill", []byte("1"), 0)
+// killGroup kills every process of a run's cgroup.
+func killGroup(group string) {
+	os.WriteFile(group+"/cgroup.kill", []byte("1"), 0)
 }
 
-// cpuUsageMS is the CPU time the run's cgroup has used.
-func cpuUsageMS() int64 {
-	return eventCount("cpu.stat", "usage_usec") / 1000
+// cpuUsageMS is the CPU time a run's cgroup has used.
+func cpuUsageMS(group string) int64 {
+	return eventCount(group, "cpu.stat", "usage_usec") / 1000
 }
 
-// eventCount reads "key value" from a flat-keyed file of the run's cgroup.
-func eventCount(file, key string) int64 {
-	b, err := os.ReadFile(filepath.Join(runGroup, file))
+// eventCount reads "key value" from a flat-keyed file of a run's cgroup.
+func eventCount(group, file, key string) int64 {
+	b, err := os.ReadFile(filepath.Join(group, file))
 	if err != nil {
 		return 0
 	}
@@ -724,28 +1019,32 @@ func flatKeyed(b []byte, key string) int64 {
 	return 0
 }
 
-// fileAtLimit reports whether a regular file under dirs reached limit
-// bytes: the trace RLIMIT_FSIZE leaves (Python ignores SIGXFSZ and gets
-// EFBIG instead). The agent's own files (codeDir: the code, which may be
-// larger than the limit, and the zygote), which the run cannot write, do
-// not count.
-func fileAtLimit(limit int64, dirs ...string) bool {
+// ctimeSlack is how far a file's ctime may lag the clock: the kernel
+// stamps files with its coarse clock, a tick or two behind.
+const ctimeSlack = 50 * time.Millisecond
+
+// fileAtLimit reports whether a regular file under dirs that changed
+// since the run began (by its ctime, which the code cannot set back)
+// reached limit bytes: the trace RLIMIT_FSIZE leaves (Python ignores
+// SIGXFSZ and gets EFBIG instead). Files the session's host wrote during
+// the run (skip, by inode) are not the run's.
+func fileAtLimit(limit int64, since time.Time, skip map[uint64]bool, dirs ...string) bool {
 	found := false
 	for _, d := range dirs {
 		filepath.WalkDir(d, func(p string, e fs.DirEntry, err error) error {
-			if err != nil {
+			if err != nil || !e.Type().IsRegular() {
 				return nil
 			}
-			if e.IsDir() && p == upperFS+"/u"+codeDir {
-				return filepath.SkipDir
+			info, err := e.Info()
+			if err != nil || info.Size() < limit {
+				return nil
 			}
-			if e.Type().IsRegular() {
-				if info, err := e.Info(); err == nil && info.Size() >= limit {
-					found = true
-					return filepath.SkipAll
-				}
+			st, ok := info.Sys().(*syscall.Stat_t)
+			if !ok || skip[st.Ino] || time.Unix(st.Ctim.Unix()).Before(since.Add(-ctimeSlack)) {
+				return nil
 			}
-			return nil
+			found = true
+			return filepath.SkipAll
 		})
 	}
 	return found

@@ -150,7 +150,7 @@ func TestSendJSON(t *testing.T) {
 	go func() {
 		a.sendJSON(wire.KindHello, wire.Hello{Kernel: "6.18.0-moat", BootMS: 812})
 		a.send(wire.KindStarted, nil)
-		a.sendJSON(wire.KindExit, &wire.Exit{ExitCode: 137, Signal: 9, Reason: "timeout", CPUMS: 10, WallMS: 20})
+		a.sendJSON(wire.KindExit, &wire.Exit{Signal: 9, CPU: true, CPUMS: 10, WallMS: 20})
 		if err := a.sendJSON(wire.KindExit, func() {}); err == nil {
 			t.Errorf("sendJSON of a func: no error")
 		}
@@ -166,7 +166,7 @@ func TestSendJSON(t *testing.T) {
 	}
 	k, p, err = wire.Read(hostEnd, wire.MaxReport)
 	var e wire.Exit
-	if err != nil || k != wire.KindExit || json.Unmarshal(p, &e) != nil || e != (wire.Exit{ExitCode: 137, Signal: 9, Reason: "timeout", CPUMS: 10, WallMS: 20}) {
+	if err != nil || k != wire.KindExit || json.Unmarshal(p, &e) != nil || e != (wire.Exit{Signal: 9, CPU: true, CPUMS: 10, WallMS: 20}) {
 		t.Errorf("exit: %s %q %v", k, p, err)
 	}
 	if _, _, err := wire.Read(hostEnd, wire.MaxReport); err != io.EOF {
@@ -174,7 +174,7 @@ func TestSendJSON(t *testing.T) {
 	}
 }
 
-// serve takes one Run frame and nothing else. Every case here fails before
+// serve takes one Run or Session frame and nothing else. Every case here fails before
 // the agent touches the machine: none carries a seed or a time (with them,
 // refresh would set this host's clock and feed its random pool).
 func TestServeRejects(t *testing.T) {
@@ -200,15 +200,19 @@ func TestServeRejects(t *testing.T) {
 		{"a header cut short", []byte{byte(wire.KindRun), 0, 0}, "read run", io.ErrUnexpectedEOF},
 		{"a payload cut short", frame(wire.KindRun, `{"code":"cHJpbnQoMSk="}`)[:12], "read run", io.ErrUnexpectedEOF},
 		{"a frame past MaxPayload", []byte{byte(wire.KindRun), 0x02, 0x00, 0x00, 0x01}, "read run", wire.ErrTooLarge},
-		{"a hello", frame(wire.KindHello, `{}`), "want a run frame, got hello", nil},
-		{"stdout", frame(wire.KindStdout, "x"), "want a run frame, got stdout", nil},
-		{"an unknown kind", frame(wire.Kind(0), ""), "want a run frame, got kind(0x0)", nil},
+		{"a hello", frame(wire.KindHello, `{}`), "want a run or a session frame, got hello", nil},
+		{"stdout", frame(wire.KindStdout, "x"), "want a run or a session frame, got stdout", nil},
+		{"a file operation before a session", frame(wire.KindFile, `{"op":"stat","name":"x"}`), "want a run or a session frame, got file", nil},
+		{"a kill", frame(wire.KindKill, ""), "want a run or a session frame, got kill", nil},
+		{"an unknown kind", frame(wire.Kind(0), ""), "want a run or a session frame, got kind(0x0)", nil},
 		{"not JSON", frame(wire.KindRun, "print(1)"), "run: ", nil},
 		{"an empty run", frame(wire.KindRun, ""), "run: ", nil},
 		{"code that is not base64", frame(wire.KindRun, `{"code":"%%%"}`), "run: ", nil},
 		{"a limit that is not a number", frame(wire.KindRun, `{"memory":"256MiB"}`), "run: ", nil},
-		{"no seed", run(wire.Run{Code: []byte("print(1)"), WallMS: 1000, CPUMS: 1000}), "no seed", nil},
+		{"no seed", run(wire.Run{Code: []byte("print(1)"), CPUMS: 1000}), "no seed", nil},
 		{"no seed, a time before 1970", run(wire.Run{Code: []byte("print(1)"), UnixNano: -1}), "no seed", nil},
+		{"a session that is not JSON", frame(wire.KindSession, "{"), "session: ", nil},
+		{"a session without a seed", frame(wire.KindSession, `{"disk":1048576}`), "no seed", nil},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			agentEnd, hostEnd := portPair(t)
@@ -250,6 +254,8 @@ var states = sync.OnceValue(func() map[string]*os.ProcessState {
 	return m
 })
 
+// report states what it saw and decides nothing: the status as it is, and
+// each piece of evidence, asked once.
 func TestReport(t *testing.T) {
 	lim := &wire.Run{CPUMS: 1000}
 	type ev struct {
@@ -258,50 +264,44 @@ func TestReport(t *testing.T) {
 		oom, pids, file, diskFull bool
 	}
 	for _, tt := range []struct {
-		state  string
-		ev     ev
-		code   int
-		signal int
-		reason string
-		asked  string // the evidence report may look at, in order
+		state string
+		ev    ev
+		want  wire.Exit
 	}{
-		{"exit 0", ev{}, 0, 0, "", "OPFD"},
-		{"exit 1", ev{}, 1, 0, "", "OPFD"},
-		{"exit 3", ev{}, 3, 0, "", "OPFD"},
-		{"exit 255", ev{}, 255, 0, "", "OPFD"},
-		{"SIGSEGV", ev{}, 139, 11, "signal", "OPFD"},
-		{"SIGINT", ev{}, 130, 2, "signal", "OPFD"},
-		{"SIGTERM", ev{}, 143, 15, "signal", "OPFD"},
+		{"exit 0", ev{}, wire.Exit{}},
+		{"exit 1", ev{}, wire.Exit{ExitCode: 1}},
+		{"exit 3", ev{}, wire.Exit{ExitCode: 3}},
+		{"exit 255", ev{}, wire.Exit{ExitCode: 255}},
+		{"SIGSEGV", ev{}, wire.Exit{Signal: 11}},
+		{"SIGINT", ev{}, wire.Exit{Signal: 2}},
+		{"SIGTERM", ev{}, wire.Exit{Signal: 15}},
+		{"SIGXCPU", ev{}, wire.Exit{Signal: 24}},
+		{"SIGXFSZ", ev{file: true}, wire.Exit{Signal: 25, FileSize: true}},
 
-		// The agent's own kill at the wall or CPU time: a timeout, whatever
-		// else happened, and even when python3 exited as the kill came.
-		{"SIGKILL", ev{over: true, oom: true, pids: true, file: true, diskFull: true}, 137, 9, "timeout", ""},
-		{"exit 0", ev{over: true}, 0, 0, "timeout", ""},
-		// RLIMIT_CPU: SIGXCPU at the soft limit, SIGKILL at the hard one.
-		{"SIGXCPU", ev{oom: true}, 152, 24, "timeout", ""},
-		{"SIGKILL", ev{cpuMS: 1000, oom: true}, 137, 9, "timeout", ""},
-		{"SIGKILL", ev{cpuMS: 5000}, 137, 9, "timeout", ""},
-		// A SIGKILL under the CPU limit is someone else's: the OOM killer's...
-		{"SIGKILL", ev{cpuMS: 999, oom: true, pids: true}, 137, 9, "memory", "O"},
-		// ... or not moat's at all.
-		{"SIGKILL", ev{cpuMS: 999}, 137, 9, "signal", "OPFD"},
-		{"exit 1", ev{cpuMS: 5000}, 1, 0, "", "OPFD"},
+		// The agent's own kill at the CPU time, even when python3 exited as
+		// the kill came.
+		{"SIGKILL", ev{over: true, oom: true, pids: true, file: true, diskFull: true},
+			wire.Exit{Signal: 9, CPU: true, OOM: true, Pids: true, FileSize: true, Disk: true}},
+		{"exit 0", ev{over: true}, wire.Exit{CPU: true}},
+		// RLIMIT_CPU's SIGKILL at the hard limit: the cgroup is past it.
+		{"SIGKILL", ev{cpuMS: 1000}, wire.Exit{Signal: 9, CPU: true}},
+		{"SIGKILL", ev{cpuMS: 5000, oom: true}, wire.Exit{Signal: 9, CPU: true, OOM: true}},
+		// A SIGKILL under the CPU limit is someone else's.
+		{"SIGKILL", ev{cpuMS: 999, oom: true}, wire.Exit{Signal: 9, OOM: true}},
+		{"SIGKILL", ev{cpuMS: 999}, wire.Exit{Signal: 9}},
+		// Past the CPU time but exited by itself: no kill of moat's.
+		{"exit 1", ev{cpuMS: 5000}, wire.Exit{ExitCode: 1}},
 
-		{"exit 1", ev{pids: true, file: true, diskFull: true}, 1, 0, "pids", "OP"},
-		{"exit 1", ev{file: true, diskFull: true}, 1, 0, "filesize", "OPF"},
-		{"SIGXFSZ", ev{file: true}, 153, 25, "filesize", "OPF"},
-		{"exit 1", ev{diskFull: true}, 1, 0, "disk", "OPFD"},
-		{"SIGSEGV", ev{diskFull: true}, 139, 11, "disk", "OPFD"},
-		// The guest's evidence is a reason even for code that exited well:
-		// as at every level, a limit met is reported.
-		{"exit 0", ev{oom: true}, 0, 0, "memory", "O"},
+		{"exit 1", ev{pids: true, file: true, diskFull: true}, wire.Exit{ExitCode: 1, Pids: true, FileSize: true, Disk: true}},
+		{"exit 1", ev{diskFull: true}, wire.Exit{ExitCode: 1, Disk: true}},
+		{"exit 0", ev{oom: true}, wire.Exit{OOM: true}},
 	} {
 		name := fmt.Sprintf("%s %+v", tt.state, tt.ev)
 		var asked string
 		probe := func(c string, v bool) func() bool {
 			return func() bool { asked += c; return v }
 		}
-		exit, err := report(states()[tt.state], nil, lim, evidence{
+		exit, err := report(states()[tt.state].Sys().(syscall.WaitStatus), lim, evidence{
 			overTime: tt.ev.over, cpuMS: tt.ev.cpuMS, wallMS: 1234,
 			oomKilled: probe("O", tt.ev.oom), pidsRefused: probe("P", tt.ev.pids),
 			fileAtLimit: probe("F", tt.ev.file), diskFull: probe("D", tt.ev.diskFull),
@@ -310,38 +310,14 @@ func TestReport(t *testing.T) {
 			t.Errorf("%s: %v", name, err)
 			continue
 		}
-		want := wire.Exit{ExitCode: tt.code, Signal: tt.signal, Reason: tt.reason, CPUMS: tt.ev.cpuMS, WallMS: 1234}
+		want := tt.want
+		want.CPUMS, want.WallMS = tt.ev.cpuMS, 1234
 		if *exit != want {
 			t.Errorf("%s: report = %+v, want %+v", name, *exit, want)
 		}
-		if asked != tt.asked {
-			t.Errorf("%s: looked at %q, want %q (each once, none past the reason)", name, asked, tt.asked)
+		if asked != "OPFD" {
+			t.Errorf("%s: looked at %q, want each piece of evidence once (OPFD)", name, asked)
 		}
-	}
-}
-
-// When Wait could not reap python3, there is no state to report: an error,
-// which the agent sends as Fail, rather than a panic of PID 1 (which takes
-// the guest kernel down with it and tells the host nothing).
-func TestReportWithoutState(t *testing.T) {
-	cmd := exec.Command("/bin/true")
-	waitErr := cmd.Wait() // never started: no ProcessState
-	if waitErr == nil || cmd.ProcessState != nil {
-		t.Fatalf("Wait of a command never started = %v, %v", waitErr, cmd.ProcessState)
-	}
-	never := func() bool { t.Error("evidence asked for a run with no state"); return false }
-	var exit *wire.Exit
-	var err error
-	func() {
-		defer func() {
-			if p := recover(); p != nil {
-				t.Fatalf("report panicked: %v", p)
-			}
-		}()
-		exit, err = report(cmd.ProcessState, waitErr, &wire.Run{}, evidence{oomKilled: never, pidsRefused: never, fileAtLimit: never, diskFull: never})
-	}()
-	if exit != nil || err == nil || !errors.Is(err, waitErr) || !strings.HasPrefix(err.Error(), "wait for python3: ") {
-		t.Errorf("report = %+v, %v; want an error wrapping %v", exit, err, waitErr)
 	}
 }
 
@@ -403,8 +379,6 @@ func TestFileAtLimit(t *testing.T) {
 		{"a file past the limit", map[string]int{"a": limit + 1}, nil, true},
 		{"deep down", map[string]int{"1/2/3/4/5/6/7/8/x": limit}, nil, true},
 		{"in the second dir", map[string]int{"a": 1, "b/shm/seg": limit}, nil, true},
-		// Only the agent's own directory of the real layer is left out,
-		// never one the code names like it.
 		{"in a directory the code called .moat", map[string]int{"work/.moat/main.py": limit}, nil, true},
 		{"a symbolic link to a large file is not a file the run wrote", nil, map[string]string{"big": "../outside/big"}, false},
 		{"a dangling symbolic link", nil, map[string]string{"x": "/nonexistent"}, false},
@@ -415,6 +389,7 @@ func TestFileAtLimit(t *testing.T) {
 			os.Mkdir(first, 0o755)
 			os.Mkdir(second, 0o755)
 			write(filepath.Join(root, "outside", "big"), 2*limit)
+			since := time.Now().Add(-time.Second)
 			for p, n := range tt.files {
 				if rest, ok := strings.CutPrefix(p, "b/"); ok {
 					write(filepath.Join(second, rest), n)
@@ -427,12 +402,12 @@ func TestFileAtLimit(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if got := fileAtLimit(limit, first, second); got != tt.want {
+			if got := fileAtLimit(limit, since, nil, first, second); got != tt.want {
 				t.Errorf("fileAtLimit = %v, want %v", got, tt.want)
 			}
 		})
 	}
-	if fileAtLimit(limit, filepath.Join(t.TempDir(), "missing")) {
+	if fileAtLimit(limit, time.Time{}, nil, filepath.Join(t.TempDir(), "missing")) {
 		t.Errorf("fileAtLimit of a missing directory = true")
 	}
 	// A directory it cannot read does not stop the walk of the others.
@@ -443,8 +418,45 @@ func TestFileAtLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.Chmod(filepath.Join(root, "closed"), 0o755) })
-	if !fileAtLimit(limit, filepath.Join(root, "closed"), filepath.Join(root, "open")) {
+	if !fileAtLimit(limit, time.Time{}, nil, filepath.Join(root, "closed"), filepath.Join(root, "open")) {
 		t.Errorf("fileAtLimit past an unreadable directory = false, want true")
+	}
+}
+
+// In a session, a file at the limit from before the run, or one the host
+// wrote during it, is not the run's: only files changed since the run
+// began count, by their ctime (which the code cannot set back, unlike the
+// mtime).
+func TestFileAtLimitSince(t *testing.T) {
+	const limit = 4096
+	dir := t.TempDir()
+	old := filepath.Join(dir, "old")
+	if err := os.WriteFile(old, make([]byte, limit), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * ctimeSlack)
+	since := time.Now()
+	if fileAtLimit(limit, since, nil, dir) {
+		t.Errorf("a file at the limit from before the run counts as the run's")
+	}
+	// Touching its mtime back does not hide a file the run wrote.
+	fresh := filepath.Join(dir, "fresh")
+	if err := os.WriteFile(fresh, make([]byte, limit), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	long := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(fresh, long, long); err != nil {
+		t.Fatal(err)
+	}
+	if !fileAtLimit(limit, since, nil, dir) {
+		t.Errorf("a file at the limit written in the run, its mtime set back, does not count")
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(fresh, &st); err != nil {
+		t.Fatal(err)
+	}
+	if fileAtLimit(limit, since, map[uint64]bool{st.Ino: true}, dir) {
+		t.Errorf("a file the host wrote during the run counts as the run's")
 	}
 }
 
@@ -601,7 +613,7 @@ print(__annotations__)
 		{"the code's own source", "import inspect\ndef f():\n    return 1\nprint(inspect.getsource(f), end='')\n"},
 		{"a class pickled from __main__", "import pickle\nclass C:\n    x = 3\nprint(pickle.loads(pickle.dumps(C())).x, C.__module__)\n"},
 		{"a warning", "import warnings\nwarnings.warn('careful')\n"},
-		{"the zygote's start pipe is closed", "import os\ntry:\n    os.fstat(3)\nexcept OSError as e:\n    print(e.errno)\n"},
+		{"the zygote's pipes are closed", "import os\nfor fd in 3, 4:\n    try:\n        os.fstat(fd)\n    except OSError as e:\n        print(e.errno)\n"},
 		{"no code", ""},
 		{"an uncaught exception", "def f():\n    raise KeyError('deep')\nf()\n"},
 		{"a chained exception", "try:\n    1/0\nexcept Exception as e:\n    raise ValueError('x') from e\n"},
@@ -688,7 +700,13 @@ func runPython(t *testing.T, cmd *exec.Cmd, path string) pyRun {
 			t.Fatal(err)
 		}
 		defer r.Close()
-		cmd.ExtraFiles = []*os.File{r}
+		// Descriptor 4, which the zygote closes once it is ready.
+		_, ready, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ready.Close()
+		cmd.ExtraFiles = []*os.File{r, ready}
 		start = w
 	}
 	if err := cmd.Start(); err != nil {

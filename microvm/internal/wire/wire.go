@@ -2,18 +2,27 @@
 // agent, spoken over one virtio-serial port.
 //
 // A frame is a one-byte kind, a four-byte big-endian payload length and the
-// payload. The conversation of one VM:
+// payload. A VM restored from the template serves either one run or one
+// session. One run:
 //
 //	guest → host  Hello    the agent is ready (sent once, at boot, before the
 //	                       template is saved)
 //	host → guest  Run      the code, the limits, the time and fresh randomness
-//	guest → host  Started  python3 runs
+//	guest → host  Started  python3 runs the code
 //	guest → host  Stdout, Stderr   output chunks, as they come
-//	guest → host  Exit     how the code ended
+//	guest → host  Exit     the evidence of how the code ended
 //	guest → host  Fail     the agent could not do what was asked
 //
-// The payloads of Hello, Run and Exit are JSON; Stdout and Stderr are raw
-// bytes; Fail is text. A VM serves one Run and is then thrown away.
+// A session begins with Session (the time, randomness, the disk limit),
+// which the agent answers with Idle; then any number of Runs, each answered
+// as above and followed by Idle once the agent has made the next run's
+// python3 ready (the host pauses the VM then), and file operations (File,
+// with Data frames for a write's contents) answered by FileReply (with Data
+// frames for a read's). Kill asks the agent to end the run in progress.
+//
+// The payloads of Hello, Run, Session, Exit, File and FileReply are JSON;
+// Stdout and Stderr are raw bytes; Data is an 8-byte big-endian operation
+// id and raw bytes; Fail is text; Started, Kill and Idle are empty.
 package wire
 
 import (
@@ -36,6 +45,12 @@ const (
 	KindStderr  Kind = 'E'
 	KindExit    Kind = 'X'
 	KindFail    Kind = 'F'
+	KindSession Kind = 'P'
+	KindIdle    Kind = 'I'
+	KindKill    Kind = 'K'
+	KindFile    Kind = 'Q'
+	KindReply   Kind = 'A'
+	KindData    Kind = 'D'
 )
 
 func (k Kind) String() string {
@@ -54,6 +69,18 @@ func (k Kind) String() string {
 		return "exit"
 	case KindFail:
 		return "fail"
+	case KindSession:
+		return "session"
+	case KindIdle:
+		return "idle"
+	case KindKill:
+		return "kill"
+	case KindFile:
+		return "file"
+	case KindReply:
+		return "reply"
+	case KindData:
+		return "data"
 	}
 	return fmt.Sprintf("kind(%#x)", byte(k))
 }
@@ -134,7 +161,8 @@ type Hello struct {
 	BootMS int64 `json:"boot_ms"`
 }
 
-// Run asks the agent to run code once.
+// Run asks the agent to run code once. The wall time is the host's to
+// keep: it kills the VM (one run) or sends Kill (a session) when it passes.
 type Run struct {
 	Code []byte `json:"code"`
 	// UnixNano is the host's wall clock; the agent sets the guest's.
@@ -144,7 +172,6 @@ type Run struct {
 	// one template do not share their random numbers.
 	Seed []byte `json:"seed"`
 
-	WallMS    int64 `json:"wall_ms"`
 	CPUMS     int64 `json:"cpu_ms"`
 	Memory    int64 `json:"memory"`
 	Pids      int64 `json:"pids"`
@@ -153,13 +180,114 @@ type Run struct {
 	OpenFiles int64 `json:"open_files"`
 }
 
-// Exit says how the code ended. Reason uses moat's reason names, for the
-// reasons the guest can see (timeout, memory, pids, filesize, disk,
-// signal); the host adds output and canceled.
+// Session makes the VM a session's: the agent sizes the writable layer to
+// Disk once, keeps the working directory from run to run and serves Runs
+// and file operations until the VM is killed.
+type Session struct {
+	UnixNano int64  `json:"unix_nano"`
+	Seed     []byte `json:"seed"`
+	Disk     int64  `json:"disk"`
+	FileSize int64  `json:"file_size"`
+	// Interpreter keeps one python3 alive from run to run, its globals
+	// kept; a run that ends it (a kill, os._exit) makes the next run's a
+	// fresh one.
+	Interpreter bool `json:"interpreter,omitempty"`
+}
+
+// Exit is the evidence of how a run ended, as the agent saw it from outside
+// the code: python3's wait status and what the run's cgroup and files show.
+// The host decides the reason from it. Exactly one of ExitCode and Signal
+// describes the status: Signal is 0 when python3 exited by itself (with
+// ExitCode 0..255), and ExitCode is 0 when a signal (1..64) ended it.
 type Exit struct {
-	ExitCode int    `json:"exit_code"`
-	Signal   int    `json:"signal,omitempty"`
-	Reason   string `json:"reason,omitempty"`
-	CPUMS    int64  `json:"cpu_ms"`
-	WallMS   int64  `json:"wall_ms"`
+	ExitCode int `json:"exit_code"`
+	Signal   int `json:"signal,omitempty"`
+	// CPU: the agent's CPU watch killed the run at its CPU time, or
+	// RLIMIT_CPU's SIGKILL came with the cgroup past it.
+	CPU bool `json:"cpu,omitempty"`
+	// OOM: the memory cgroup killed a process of the run.
+	OOM bool `json:"oom,omitempty"`
+	// Pids: the pids cgroup refused a fork or a thread.
+	Pids bool `json:"pids,omitempty"`
+	// FileSize: a file the run changed reached the file size limit.
+	FileSize bool `json:"file_size,omitempty"`
+	// Disk: the writable layer has no space or no inode left.
+	Disk bool `json:"disk,omitempty"`
+	// CPUMS and WallMS are what the run used.
+	CPUMS  int64 `json:"cpu_ms"`
+	WallMS int64 `json:"wall_ms"`
+	// Only in a session with a live interpreter: Fresh says the run had a
+	// new interpreter, not the one the previous run left (which had
+	// ended); Ended says the interpreter ended with the run, so that the
+	// next run gets a fresh one.
+	Fresh bool `json:"fresh,omitempty"`
+	Ended bool `json:"ended,omitempty"`
+}
+
+// The file operations of a session, in File.Op. Names are relative to the
+// working directory, checked by the host; the agent resolves them beneath
+// it and never follows a symbolic link.
+const (
+	OpStat   = "stat"   // FileReply.Info
+	OpList   = "list"   // FileReply.Entries, over several replies (More)
+	OpRead   = "read"   // a reply with Size and More, Data frames, a last reply
+	OpMkdir  = "mkdir"  // with the missing parents
+	OpRename = "rename" // Name to To
+	OpRemove = "remove" // a file, a link itself, or an empty directory
+	OpWrite  = "write"  // opens a new file beside Name; Data frames follow
+	OpCommit = "commit" // the write of ID is complete: move it onto Name
+	OpAbort  = "abort"  // the write of ID is dropped
+)
+
+// File asks the agent for one file operation. Every operation but write
+// and abort gets exactly one last FileReply (More false) with its ID; write
+// is answered at its commit.
+type File struct {
+	ID   uint64 `json:"id"`
+	Op   string `json:"op"`
+	Name string `json:"name,omitempty"`
+	To   string `json:"to,omitempty"`
+}
+
+// FileReply answers a File. Errno is the error number of what failed (0:
+// none), which the host maps to moat's error classes.
+type FileReply struct {
+	ID      uint64      `json:"id"`
+	Errno   int         `json:"errno,omitempty"`
+	Info    *FileEntry  `json:"info,omitempty"`
+	Entries []FileEntry `json:"entries,omitempty"`
+	// Size is a read file's size when it was opened: the Data that
+	// follows holds at most that much.
+	Size int64 `json:"size,omitempty"`
+	// More says further replies to ID follow.
+	More bool `json:"more,omitempty"`
+}
+
+// FileEntry describes one file, as Go's fs.FileMode and the modification
+// time in nanoseconds since 1970.
+type FileEntry struct {
+	Name    string `json:"name"`
+	Size    int64  `json:"size"`
+	Mode    uint32 `json:"mode"`
+	ModNano int64  `json:"mod_nano"`
+}
+
+// MaxData is the most file content one Data frame carries, so that a
+// frame from the guest stays within MaxReport.
+const MaxData = MaxReport - 8
+
+// DataID splits a Data payload into its operation id and bytes.
+func DataID(p []byte) (uint64, []byte, error) {
+	if len(p) < 8 {
+		return 0, nil, fmt.Errorf("wire: data frame of %d bytes has no id", len(p))
+	}
+	return binary.BigEndian.Uint64(p[:8]), p[8:], nil
+}
+
+// DataPayload is the payload of a Data frame of operation id.
+func DataPayload(id uint64, b []byte) []byte {
+	p := make([]byte, 8+len(b))
+	binary.BigEndian.PutUint64(p, id)
+	copy(p[8:], b)
+	return p
 }

@@ -56,7 +56,7 @@ func TestReadErrors(t *testing.T) {
 // The largest code a Run may carry fits in a frame with every limit at its
 // widest, and a little more code does not.
 func TestMaxCode(t *testing.T) {
-	r := Run{Seed: make([]byte, 64), UnixNano: -1 << 63, WallMS: -1 << 63, CPUMS: -1 << 63, Memory: -1 << 63,
+	r := Run{Seed: make([]byte, 64), UnixNano: -1 << 63, CPUMS: -1 << 63, Memory: -1 << 63,
 		Pids: -1 << 63, FileSize: -1 << 63, Disk: -1 << 63, OpenFiles: -1 << 63}
 	r.Code = make([]byte, MaxCode)
 	if err := WriteJSON(io.Discard, KindRun, r); err != nil {
@@ -91,4 +91,20 @@ func FuzzRead(f *testing.F) {
 			t.Fatalf("frame %s of %d bytes does not re-encode to its input", k, len(p))
 		}
 	})
+}
+
+// A Data frame carries its operation's id before the bytes, and one from
+// the guest holding MaxData bytes stays within MaxReport.
+func TestData(t *testing.T) {
+	p := DataPayload(0x0102030405060708, []byte("abc"))
+	id, b, err := DataID(p)
+	if err != nil || id != 0x0102030405060708 || string(b) != "abc" {
+		t.Errorf("DataID = %#x, %q, %v", id, b, err)
+	}
+	if _, _, err := DataID(p[:7]); err == nil {
+		t.Errorf("DataID of 7 bytes: no error")
+	}
+	if n := len(DataPayload(1, make([]byte, MaxData))); n != MaxReport {
+		t.Errorf("a Data payload of MaxData bytes is %d bytes, want MaxReport (%d)", n, MaxReport)
+	}
 }
