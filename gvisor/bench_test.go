@@ -15,7 +15,17 @@ import (
 // sandbox booted ahead), and reports the median of each:
 //
 //	go test -run '^$' -bench SessionVsOneShot -benchtime 10x ./gvisor
-func BenchmarkSessionVsOneShot(b *testing.B) {
+func BenchmarkSessionVsOneShot(b *testing.B) { benchSessionVsOneShot(b, moat.SessionOptions{}) }
+
+// BenchmarkInterpreterSessionVsOneShot is BenchmarkSessionVsOneShot with
+// a live interpreter in the session:
+//
+//	go test -run '^$' -bench InterpreterSessionVsOneShot -benchtime 10x ./gvisor
+func BenchmarkInterpreterSessionVsOneShot(b *testing.B) {
+	benchSessionVsOneShot(b, moat.SessionOptions{Interpreter: true})
+}
+
+func benchSessionVsOneShot(b *testing.B, opts moat.SessionOptions) {
 	cfg := gvisor.Config{}
 	if a := gvisor.Check(context.Background(), cfg); !a.Available {
 		b.Skipf("the gvisor level cannot run here: %s", a.Reason)
@@ -26,7 +36,7 @@ func BenchmarkSessionVsOneShot(b *testing.B) {
 	}
 	defer sb.Close()
 	ctx := context.Background()
-	ss, err := sb.NewSession(ctx, moat.SessionOptions{})
+	ss, err := sb.NewSession(ctx, opts)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -425,7 +425,7 @@ func (b *backend) Prepare(ctx context.Context) (engine.Instance, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	bt, err := b.boot(newSpec(b.rootfs, image.Python, b.limits))
+	bt, err := b.boot(newSpec(b.rootfs, image.Python, b.limits), 0)
 	if err != nil {
 		return nil, err
 	}
@@ -462,7 +462,10 @@ func (b *backend) reap() {
 		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
 		runQuiet(ctx, b.runsc, "--root="+b.runscRoot, "delete", "--force", id)
 		cancel()
-		err := errors.Join(removeState(b.runscRoot, id), os.RemoveAll(filepath.Join(b.bundles, id)))
+		// A session's host working directory is a mount in the bundle:
+		// it goes first, so that RemoveAll stays on moat's own files.
+		err := errors.Join(removeState(b.runscRoot, id), unmountHostWork(filepath.Join(b.bundles, id, "work")))
+		err = errors.Join(err, os.RemoveAll(filepath.Join(b.bundles, id)))
 		if err != nil {
 			b.log.Warn("gvisor: reap leftover container", "id", id, "err", err)
 		} else {

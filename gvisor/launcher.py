@@ -19,7 +19,13 @@
 # namespace flags).
 #
 # Arguments: the filter (hex of struct sock_filter[]), uid, gid, the
-# working directory, the interpreter, then the code's environment.
+# working directory, the interpreter, the mode ('run', or 'interpreter' for
+# a session's live interpreter), the number N of the interpreter's
+# arguments, those N arguments, then the code's environment. In the mode
+# 'interpreter' (interpreter.go) the interpreter also gets fd 4, its
+# channel of records to the host, which only the run's init keeps, and
+# RLIMIT_CPU lifted: the interpreter lives across runs, and the host's
+# cgroup bounds each run's CPU time instead.
 import ctypes
 import os
 import signal
@@ -28,6 +34,7 @@ import sys
 libc = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWPID = 0x20000000
 PR_CAPBSET_DROP = 24
+RLIMIT_CPU = 0
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
@@ -46,7 +53,7 @@ def check(r, what):
         raise OSError(ctypes.get_errno(), what)
 
 
-def child(go_r, err_w, prog, uid, gid, cwd, python, env):
+def child(go_r, err_w, prog, uid, gid, cwd, python, interp, pyargs, env):
     # Run only once the host knows the pid: a kill it sends then reaches
     # this process.
     os.close(3)
@@ -54,6 +61,9 @@ def child(go_r, err_w, prog, uid, gid, cwd, python, env):
         os._exit(125)
     os.close(go_r)
     try:
+        if interp:
+            import resource
+            resource.setrlimit(RLIMIT_CPU, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
         for cap in range(64):
             if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
                 break  # EINVAL past the last capability
@@ -69,7 +79,7 @@ def child(go_r, err_w, prog, uid, gid, cwd, python, env):
         # there (HOME is the working directory), and a usercustomize or .pth
         # file would run when the next run's python3 starts, which is
         # before that run, between runs.
-        os.execve(python, [python, '-s', '-'], env)
+        os.execve(python, [python] + pyargs, env)
     except BaseException as e:
         os.write(err_w, ('%s' % e).encode()[:500])
     os._exit(125)
@@ -79,7 +89,10 @@ def main():
     prog = bytes.fromhex(sys.argv[1])
     uid, gid = int(sys.argv[2]), int(sys.argv[3])
     cwd, python = sys.argv[4], sys.argv[5]
-    env = dict(e.split('=', 1) for e in sys.argv[6:])
+    interp = sys.argv[6] == 'interpreter'
+    n = int(sys.argv[7])
+    pyargs = sys.argv[8:8 + n]
+    env = dict(e.split('=', 1) for e in sys.argv[8 + n:])
     try:
         check(libc.unshare(CLONE_NEWPID), 'unshare')
         go_r, go_w = os.pipe()
@@ -91,7 +104,9 @@ def main():
     if pid == 0:
         os.close(go_w)
         os.close(err_r)
-        child(go_r, err_w, prog, uid, gid, cwd, python, env)
+        child(go_r, err_w, prog, uid, gid, cwd, python, interp, pyargs, env)
+    if interp:
+        os.close(4)  # the interpreter's records: its end is the child's alone
     os.close(go_r)
     os.close(err_w)
     report('pid %d' % pid)

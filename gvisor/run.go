@@ -47,6 +47,9 @@ type booted struct {
 	exited  chan struct{} // closed when runsc exited
 	waitErr error         // runsc's exit, once exited is closed
 
+	// work is the host directory mounted as the working directory, or "".
+	work string
+
 	// removed makes remove run once.
 	removed sync.Once
 }
@@ -68,8 +71,11 @@ while [ "$n" -gt 0 ]; do echo $$ >"$1" || exit 125; shift; n=$((n-1)); done
 exec "$@"`
 
 // boot starts a sandbox with spec. It returns once runsc is started; the
-// sandbox boots on its own while the caller goes on.
-func (b *backend) boot(spec *ociSpec) (_ *booted, err error) {
+// sandbox boots on its own while the caller goes on. A hostWork of more
+// than zero gives the sandbox a working directory on the host: a tmpfs of
+// that size in the bundle (booted.work), bind-mounted at image.WorkDir
+// (see hostWorkMount).
+func (b *backend) boot(spec *ociSpec, hostWork moat.Bytes) (_ *booted, err error) {
 	lim := b.limits
 	var rnd [8]byte
 	rand.Read(rnd[:])
@@ -86,6 +92,14 @@ func (b *backend) boot(spec *ociSpec) (_ *booted, err error) {
 	bt.bundle = filepath.Join(b.bundles, bt.id)
 	if err := os.Mkdir(bt.bundle, 0o700); err != nil {
 		return nil, fmt.Errorf("gvisor: %w", err)
+	}
+	if hostWork > 0 {
+		bt.work = filepath.Join(bt.bundle, "work")
+		if err := mountHostWork(bt.work, hostWork); err != nil {
+			bt.work = ""
+			return nil, err
+		}
+		spec.Mounts = append(spec.Mounts, hostWorkMount(bt.work))
 	}
 	specJSON, err := json.Marshal(spec)
 	if err != nil {
@@ -168,6 +182,9 @@ func (bt *booted) runscArgs() []string {
 		"--network=none",
 		"--host-uds=none",
 		"--overlay2=none",
+		// Mounts other than the root (a session's host working directory)
+		// are revalidated: what the host changes there, the code sees.
+		"--file-access-mounts=shared",
 		"--host-fifo=none",
 		// The spec's seccomp filter, applied by gVisor's kernel to the code.
 		"--oci-seccomp",
@@ -403,6 +420,11 @@ func (bt *booted) removeOnce() {
 	}
 	if bt.group != nil {
 		if err := bt.group.Remove(); err != nil {
+			log.Warn("gvisor: cleanup", "id", bt.id, "err", err)
+		}
+	}
+	if bt.work != "" {
+		if err := unmountHostWork(bt.work); err != nil {
 			log.Warn("gvisor: cleanup", "id", bt.id, "err", err)
 		}
 	}

@@ -91,6 +91,12 @@ import (
 // and the code can reach them only as the same uid could (through /proc,
 // during a run), which gives it nothing it does not already have: the
 // files are its own.
+//
+// A session with a live interpreter (SessionOptions.Interpreter) differs
+// in two things: its runs are handed to one python3 that lives across them
+// (interpreter.go), and its working directory is a tmpfs of the host,
+// bind-mounted into the sandbox, on which the file operations are done from
+// the host (hostfiles.go), so that they never resume the paused sandbox.
 
 //go:embed launcher.py
 var launcherPy string
@@ -122,6 +128,17 @@ type session struct {
 	next   *sessionRun
 	bg     sync.WaitGroup // prime
 
+	// interpreter says the session keeps a live interpreter
+	// (interpreter.go), started with driverSpec; interp is it, or nil
+	// before the first run and after one ended it, and ended why the last
+	// one ended. interp and ended are the runs' (which the engine
+	// serializes) and Close's, after them; interp is set under mu.
+	interpreter bool
+	driverSpec  string
+	interp      *driver
+	ended       string
+	fileOps     sync.WaitGroup // host file operations in progress (hostfiles.go)
+
 	mu     sync.Mutex // guards what follows; held while pausing and resuming
 	holds  int        // runs and file operations that need the sandbox running
 	paused bool
@@ -149,14 +166,6 @@ func (b *backend) sessionCPUTime() time.Duration {
 // pause can freeze them, and every file operation, which runs in the
 // sandbox, resumes the whole of it.
 func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (engine.SessionInstance, error) {
-	if opts.Interpreter {
-		// Its processes would stay between runs, and the file operations
-		// run inside the sandbox: each would resume them, since runsc
-		// pauses a whole sandbox or nothing, and SIGSTOP does not hold a
-		// process that armed a SIGCONT.
-		return nil, unavailable("sessions with a live interpreter are not available at the gvisor level: what it left running could not be kept frozen while the session's files are read or written",
-			"use a session without one (its files persist, each run is a fresh python3), or the subprocess level", nil)
-	}
 	filter, err := guestFilter()
 	if err != nil {
 		return nil, unavailable("sessions need the guest seccomp filter", "", err)
@@ -166,11 +175,12 @@ func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (eng
 			return nil, unavailable("the root filesystem has no "+p+" for the session's init", "rebuild it with 'moat image build'", err)
 		}
 	}
-	bt, err := b.boot(b.sessionSpec())
+	spec, work := b.sessionSpec(opts.Interpreter)
+	bt, err := b.boot(spec, work)
 	if err != nil {
 		return nil, err
 	}
-	ss := &session{b: b, bt: bt, budget: b.sessionCPUTime(), execs: map[*exec.Cmd]bool{}}
+	ss := &session{b: b, bt: bt, budget: b.sessionCPUTime(), execs: map[*exec.Cmd]bool{}, interpreter: opts.Interpreter}
 	fail := func(err error) (engine.SessionInstance, error) {
 		bt.remove()
 		return nil, err
@@ -188,24 +198,48 @@ func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (eng
 		raw = append(raw, byte(ins.Op), byte(ins.Op>>8), ins.Jt, ins.Jf, byte(ins.K), byte(ins.K>>8), byte(ins.K>>16), byte(ins.K>>24))
 	}
 	code := newSpec(b.rootfs, image.Python, b.limits).Process
-	args := []string{image.Python, "-I", "-S", "-c", launcherPy, hex.EncodeToString(raw),
-		strconv.Itoa(sandboxUID), strconv.Itoa(sandboxGID), code.Cwd, image.Python}
-	none := []string{}
-	proc := ociProcess{
-		User:            ociUser{UID: 0, GID: 0, AdditionalGids: []uint32{}},
-		Args:            append(args, code.Env...),
-		Env:             []string{"PATH=/usr/bin:/bin"},
-		Cwd:             "/",
-		Capabilities:    ociCapabilities{Bounding: launcherCaps, Effective: launcherCaps, Permitted: launcherCaps, Inheritable: none, Ambient: none},
-		NoNewPrivileges: true,
+	writeSpec := func(name, mode string, caps []string, pyargs ...string) (string, error) {
+		args := []string{image.Python, "-I", "-S", "-c", launcherPy, hex.EncodeToString(raw),
+			strconv.Itoa(sandboxUID), strconv.Itoa(sandboxGID), code.Cwd, image.Python, mode, strconv.Itoa(len(pyargs))}
+		args = append(append(args, pyargs...), code.Env...)
+		none := []string{}
+		proc := ociProcess{
+			User:            ociUser{UID: 0, GID: 0, AdditionalGids: []uint32{}},
+			Args:            args,
+			Env:             []string{"PATH=/usr/bin:/bin"},
+			Cwd:             "/",
+			Capabilities:    ociCapabilities{Bounding: caps, Effective: caps, Permitted: caps, Inheritable: none, Ambient: none},
+			NoNewPrivileges: true,
+		}
+		pj, err := json.Marshal(proc)
+		if err != nil {
+			return "", fmt.Errorf("gvisor: %w", err)
+		}
+		p := filepath.Join(bt.bundle, name)
+		if err := os.WriteFile(p, pj, 0o600); err != nil {
+			return "", fmt.Errorf("gvisor: %w", err)
+		}
+		return p, nil
 	}
-	pj, err := json.Marshal(proc)
-	if err != nil {
-		return fail(fmt.Errorf("gvisor: %w", err))
+	// -s: the user site directory the code could write to is not read, so
+	// nothing planted runs as the next run's python3 starts. The
+	// interpreter's -I implies it.
+	if ss.launchSpec, err = writeSpec("launch.json", "run", launcherCaps, "-s", "-"); err != nil {
+		return fail(err)
 	}
-	ss.launchSpec = filepath.Join(bt.bundle, "launch.json")
-	if err := os.WriteFile(ss.launchSpec, pj, 0o600); err != nil {
-		return fail(fmt.Errorf("gvisor: %w", err))
+	if opts.Interpreter {
+		if ss.driverSpec, err = writeSpec("driver.json", "interpreter", driverCaps, "-I", "-c", interpreterDriver); err != nil {
+			return fail(err)
+		}
+		// The files are the host's; the interpreter starts with the
+		// first run. The sandbox pauses now.
+		ss.Files = hostFiles{ss}
+		ss.holds = 1
+		ss.primed = make(chan struct{})
+		close(ss.primed)
+		ss.release()
+		b.log.Debug("gvisor: session started", "id", bt.id, "interpreter", true)
+		return ss, nil
 	}
 	ss.Files = sessionfiles.New(ss.exec, sessionfiles.Options{Python: image.Python, Dir: image.WorkDir, FileSize: b.limits.FileSize})
 	// The sandbox runs; the first run's launcher starts now, and the
@@ -217,14 +251,20 @@ func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (eng
 }
 
 // sessionSpec is the spec of a session's sandbox: a run's, but for its
-// process, the container's init, which does nothing.
-func (b *backend) sessionSpec() *ociSpec {
-	spec := specWith(b.rootfs, image.Python, b.limits, writableShares(b.limits.Disk, sessionTmpShare, sessionShmShare))
+// process, the container's init, which does nothing. With a live
+// interpreter, the working directory is left out of the spec's mounts:
+// boot mounts the host's, of size work (see hostfiles.go).
+func (b *backend) sessionSpec(interpreter bool) (_ *ociSpec, work moat.Bytes) {
+	places := writableShares(b.limits.Disk, sessionTmpShare, sessionShmShare)
+	if interpreter {
+		work, places = moat.Bytes(places[0].size), places[1:]
+	}
+	spec := specWith(b.rootfs, image.Python, b.limits, places)
 	spec.Process.Args = []string{"/bin/sh", "-c", "echo ready && exec /bin/sleep infinity"}
 	spec.Process.User = ociUser{UID: 0, GID: 0, AdditionalGids: []uint32{}}
 	spec.Process.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/", "LANG=C.UTF-8"}
 	spec.Process.Cwd = "/"
-	return spec
+	return spec, work
 }
 
 // waitReady waits for the init's word that the container runs.
@@ -389,6 +429,14 @@ func (ss *session) Close() error {
 	ss.mu.Unlock()
 	ss.execWG.Wait()
 	ss.bg.Wait()
+	// The host working directory is unmounted by remove, once no file
+	// operation uses it.
+	ss.fileOps.Wait()
+	ss.mu.Lock()
+	if ss.interp != nil {
+		closeAll([]*os.File{ss.interp.proc.stdin})
+	}
+	ss.mu.Unlock()
 	ss.mu.Lock()
 	if r := ss.next; r != nil {
 		closeAll([]*os.File{r.stdin, r.stdout, r.stderr})
@@ -447,6 +495,9 @@ func (ss *session) exec(ctx context.Context, argv []string, stdin io.Reader, std
 // primed after the previous run (or at the session's start), resumes the
 // sandbox, and hands the waiting python3 the code.
 func (ss *session) Start(ctx context.Context, code []byte, stdout, stderr io.Writer) (_ engine.Process, err error) {
+	if ss.interpreter {
+		return ss.startInterpRun(ctx, code, stdout, stderr)
+	}
 	var r *sessionRun
 	select {
 	case <-ss.primed:
@@ -473,7 +524,7 @@ func (ss *session) Start(ctx context.Context, code []byte, stdout, stderr io.Wri
 		r = nil
 	}
 	if r == nil {
-		if r, err = ss.launch(); err != nil {
+		if r, err = ss.launch(ss.launchSpec, nil); err != nil {
 			return nil, err
 		}
 	}
@@ -502,7 +553,7 @@ func (ss *session) startPriming() {
 func (ss *session) prime() {
 	defer close(ss.primed)
 	defer ss.release()
-	r, err := ss.launch()
+	r, err := ss.launch(ss.launchSpec, nil)
 	if err != nil {
 		if !errors.Is(err, moat.ErrClosed) {
 			ss.b.log.Warn("gvisor: session: prime the next run", "id", ss.bt.id, "err", err)
@@ -549,9 +600,11 @@ func (ss *session) waitIdle() {
 	}
 }
 
-// launch starts a run's launcher with runsc exec: the run's python3 then
-// waits for its code. The caller holds the sandbox.
-func (ss *session) launch() (*sessionRun, error) {
+// launch starts a launcher with runsc exec, with its process.json spec
+// (ss.launchSpec: the run's python3 then waits for its code; or
+// ss.driverSpec), and rec, if not nil, as its fd 4. The caller holds the
+// sandbox.
+func (ss *session) launch(spec string, rec *os.File) (*sessionRun, error) {
 	bt := ss.bt
 	r := &sessionRun{ss: ss, feed: make(chan struct{}), exited: make(chan struct{}), reported: make(chan struct{}), ready: make(chan struct{})}
 	r.log = filepath.Join(bt.bundle, fmt.Sprintf("log-exec-%d", ss.seq.Add(1)))
@@ -569,7 +622,7 @@ func (ss *session) launch() (*sessionRun, error) {
 	r.cmd = &exec.Cmd{
 		Path: ss.b.runsc,
 		Args: []string{"runsc", "--root=" + ss.b.runscRoot, "--debug-log=" + r.log, "--debug-log-format=json",
-			"exec", "--process", ss.launchSpec, "--pass-fd", "3:3", bt.id},
+			"exec", "--process", spec, "--pass-fd", "3:3", bt.id},
 		Env:         []string{},
 		Dir:         "/",
 		Stdin:       inR,
@@ -577,6 +630,10 @@ func (ss *session) launch() (*sessionRun, error) {
 		Stderr:      errW,
 		ExtraFiles:  []*os.File{repW}, // fd 3: the launcher's reports
 		SysProcAttr: &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL},
+	}
+	if rec != nil {
+		r.cmd.ExtraFiles = append(r.cmd.ExtraFiles, rec)
+		r.cmd.Args = append(r.cmd.Args[:len(r.cmd.Args)-1], "--pass-fd", "4:4", bt.id)
 	}
 	err := ss.startExec(r.cmd)
 	closeAll([]*os.File{inR, outW, errW, repW})

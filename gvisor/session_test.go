@@ -422,35 +422,25 @@ func TestSessionCPUBudget(t *testing.T) {
 	}
 }
 
-// TestSessionInterpreterUnavailable: a live interpreter is not built at
-// this level, and NewSession says so rather than give a session without
-// one.
-func TestSessionInterpreterUnavailable(t *testing.T) {
-	cfg := gvisor.Config{StateDir: t.TempDir(), Warm: -1}
-	need(t, cfg)
-	sb := newSandbox(t, cfg)
-	defer sb.Close()
-	ss, err := sb.NewSession(context.Background(), moat.SessionOptions{Interpreter: true})
-	if err == nil {
-		ss.Close()
-	}
-	if !errors.Is(err, moat.ErrUnavailable) || !strings.Contains(err.Error(), "interpreter") {
-		t.Errorf("NewSession with an interpreter: %v, want an error wrapping ErrUnavailable that says so", err)
-	}
-}
-
 // TestSessionReapAfterKill kills a moat process (this test binary,
 // re-executed) while its session runs code, and checks that the next New
-// removes everything of the session.
+// removes everything of the session; with a live interpreter, the
+// session's host working directory (a mount) too.
 func TestSessionReapAfterKill(t *testing.T) {
 	if os.Getenv(sessionHelperEnv) != "" {
 		sessionHelperMain()
 		return
 	}
+	for _, interp := range []bool{false, true} {
+		t.Run(fmt.Sprintf("Interpreter=%v", interp), func(t *testing.T) { testSessionReapAfterKill(t, interp) })
+	}
+}
+
+func testSessionReapAfterKill(t *testing.T, interp bool) {
 	stateDir := t.TempDir()
 	need(t, gvisor.Config{StateDir: stateDir})
 	cmd := exec.Command(os.Args[0], "-test.run=^TestSessionReapAfterKill$")
-	cmd.Env = append(os.Environ(), sessionHelperEnv+"="+stateDir)
+	cmd.Env = append(os.Environ(), sessionHelperEnv+"="+stateDir, fmt.Sprintf("%s=%v", sessionHelperInterpEnv, interp))
 	var out syncBuffer
 	cmd.Stdout = &out
 	if err := cmd.Start(); err != nil {
@@ -469,6 +459,9 @@ func TestSessionReapAfterKill(t *testing.T) {
 	if left := leftovers(stateDir, helper); len(left) == 0 || len(sentries(stateDir)) == 0 {
 		t.Fatal("the helper's session shows nothing on the host to reap; the check would prove nothing")
 	}
+	if m := mountsUnder(t, stateDir); interp != (len(m) > 0) {
+		t.Fatalf("the helper's session (interpreter %v) has the mounts %q under the state directory", interp, m)
+	}
 	cmd.Process.Kill()
 	cmd.Wait()
 
@@ -483,9 +476,31 @@ func TestSessionReapAfterKill(t *testing.T) {
 	if n := len(runscExecs(stateDir)); n > 0 {
 		t.Errorf("%d runsc exec processes of the killed moat still run", n)
 	}
+	if m := mountsUnder(t, stateDir); len(m) > 0 {
+		t.Errorf("after the next New, the killed moat's session left the mounts %q", m)
+	}
 }
 
-const sessionHelperEnv = "MOAT_GVISOR_TEST_SESSION_HELPER"
+// mountsUnder lists the host's mount points under dir.
+func mountsUnder(t *testing.T, dir string) []string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			out = append(out, f[4])
+		}
+	}
+	return out
+}
+
+const (
+	sessionHelperEnv       = "MOAT_GVISOR_TEST_SESSION_HELPER"
+	sessionHelperInterpEnv = "MOAT_GVISOR_TEST_SESSION_HELPER_INTERPRETER"
+)
 
 func sessionHelperMain() {
 	sb, err := gvisor.New(gvisor.Config{StateDir: os.Getenv(sessionHelperEnv), Warm: -1})
@@ -493,7 +508,7 @@ func sessionHelperMain() {
 		fmt.Println("helper:", err)
 		os.Exit(1)
 	}
-	ss, err := sb.NewSession(context.Background(), moat.SessionOptions{})
+	ss, err := sb.NewSession(context.Background(), moat.SessionOptions{Interpreter: os.Getenv(sessionHelperInterpEnv) == "true"})
 	if err != nil {
 		fmt.Println("helper:", err)
 		os.Exit(1)

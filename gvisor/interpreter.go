@@ -1,0 +1,539 @@
+package gvisor
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	_ "embed"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/internal/cgroup"
+	"github.com/moatsandbox/moat/internal/engine"
+)
+
+// The live interpreter of a session (SessionOptions.Interpreter).
+//
+// A python3 driven by interpreter_driver.py stays alive between the runs
+// of the session and runs each run's code with exec() in one persistent
+// globals dictionary. It is started like a run of a session without one:
+// runsc exec of the launcher, which makes a PID namespace, forks the
+// driver into it as its init, as the session's uid with no capability,
+// no_new_privs and the guest seccomp filter, and reports its pid and end
+// on fd 3. The driver reads its runs on stdin and writes its records on
+// fd 4, a pipe only it holds (runsc exec --pass-fd).
+//
+// Between runs the whole sandbox is paused (runsc pause): no task of it,
+// the interpreter and whatever its runs left running included, is
+// scheduled, whatever timers or signals the code arranged. The file
+// operations do not resume it: the session's working directory is a
+// directory of the host (hostfiles.go), and they are done there.
+//
+// The interpreter lives across runs, so RLIMIT_CPU, which counts a
+// process's whole life, is lifted for it (the launcher does so before it
+// drops its capabilities); the sandbox's cgroup bounds each run's CPU time
+// and the session's budget, as for runs without an interpreter. A run that
+// is killed (wall time, CPU time, output cap, cancel) kills the
+// interpreter's PID namespace, and so everything of the interpreter; the
+// next run starts a fresh one. Both runs say so in their notes.
+//
+// What the host trusts of the driver, which shares its process with the
+// code: as at the subprocess level, only "the run of this nonce says it
+// ended, with this status". The host draws a fresh nonce for each run; a
+// record or an output marker counts only with it, so a record of an
+// earlier run is never a later run's end. Verdicts on limits come from
+// the cgroup, the sentry's log and the host's clock. Code of one run can
+// change what later runs do and report (as in a notebook); the limits
+// hold regardless.
+
+//go:embed interpreter_driver.py
+var interpreterDriver string
+
+// nonceLen is the length of a run's nonce (hex).
+const nonceLen = 32
+
+// maxRecord bounds a record line from the driver; longer lines are not the
+// driver's and are dropped.
+const maxRecord = 4 << 10
+
+// driverCaps are the capabilities of the interpreter's launcher: the
+// launcher's, and CAP_SYS_RESOURCE to lift RLIMIT_CPU. The interpreter
+// itself has none.
+var driverCaps = append(append([]string{}, launcherCaps...), "CAP_SYS_RESOURCE")
+
+// driver is the session's live interpreter.
+type driver struct {
+	proc    *sessionRun // the launcher's runsc exec, its streams and reports
+	records chan string // the driver's record lines; closed at its end
+	outs    [2]*streamRouter
+	prev    []byte      // the nonce of the last run whose end was taken
+	dead    atomic.Bool // killed or ended: the next run starts a fresh one
+}
+
+// startDriver starts the interpreter and waits for its first record. The
+// caller holds the sandbox.
+func (ss *session) startDriver(ctx context.Context) (*driver, error) {
+	recR, recW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: %w", err)
+	}
+	proc, err := ss.launch(ss.driverSpec, recW)
+	recW.Close()
+	if err != nil {
+		recR.Close()
+		return nil, err
+	}
+	d := &driver{proc: proc, records: make(chan string, 16)}
+	go readRecords(recR, d.records)
+	for i, f := range []*os.File{proc.stdout, proc.stderr} {
+		d.outs[i] = &streamRouter{eof: make(chan struct{})}
+		go d.outs[i].pump(f)
+	}
+	ctx, cancel := context.WithTimeout(ctx, bootTimeout)
+	defer cancel()
+	for {
+		select {
+		case line, ok := <-d.records:
+			if ok && line != "H" {
+				continue
+			}
+			if ok {
+				return d, nil
+			}
+		case <-ctx.Done():
+		}
+		d.kill()
+		<-proc.exited
+		if ctx.Err() != nil && ctx.Err() != context.DeadlineExceeded {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("gvisor: session: the interpreter did not start (%v): %s: %w", proc.waitErr, clip(proc.tail.bytes(), 300), moat.ErrUnavailable)
+	}
+}
+
+// readRecords passes the driver's record lines on, dropping those too
+// long to be the driver's, until the pipe ends.
+func readRecords(f *os.File, out chan<- string) {
+	defer close(out)
+	defer f.Close()
+	r := bufio.NewReaderSize(f, maxRecord)
+	for {
+		line, err := r.ReadSlice('\n')
+		if err == bufio.ErrBufferFull {
+			for err == bufio.ErrBufferFull {
+				_, err = r.ReadSlice('\n')
+			}
+			continue
+		}
+		if len(line) > 0 && err == nil {
+			out <- string(bytes.TrimSuffix(line, []byte("\n")))
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// kill ends the interpreter's PID namespace.
+func (d *driver) kill() {
+	d.dead.Store(true)
+	d.proc.kill()
+}
+
+// ended reports whether the interpreter's runsc exec has ended.
+func (d *driver) ended() bool {
+	select {
+	case <-d.proc.exited:
+		return true
+	default:
+		return false
+	}
+}
+
+// interpRun is one run of the live interpreter; see engine.Process and
+// engine.Ender.
+type interpRun struct {
+	ss      *session
+	d       *driver
+	nonce   []byte
+	sinks   [2]*markSink
+	restart string // why the previous interpreter ended, if this run started a fresh one
+	feed    chan struct{}
+
+	base          time.Duration
+	startEvents   cgroup.Events
+	startFacts    sentryFacts
+	stopCPU       func()
+	cpuOver       atomic.Bool
+	budgetLimited bool
+
+	mu     sync.Mutex
+	killed bool
+	why    moat.Reason // the engine's reason, when it ended the run
+}
+
+// startInterpRun readies the interpreter (a fresh one if there is none),
+// resumes the sandbox and hands the driver the code.
+func (ss *session) startInterpRun(ctx context.Context, code []byte, stdout, stderr io.Writer) (_ engine.Process, err error) {
+	if err := ss.hold(); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			ss.release()
+		}
+	}()
+	r := &interpRun{ss: ss, feed: make(chan struct{})}
+	d := ss.interp
+	if d != nil && (d.dead.Load() || d.ended()) {
+		if ss.ended == "" {
+			ss.ended = "it ended between runs"
+		}
+		ss.dropDriver()
+		d = nil
+	}
+	if d == nil {
+		r.restart = ss.ended
+		if d, err = ss.startDriver(ctx); err != nil {
+			return nil, err
+		}
+		ss.mu.Lock()
+		ss.interp = d
+		ss.mu.Unlock()
+		ss.ended = ""
+	}
+	r.d = d
+	var rnd [nonceLen / 2]byte
+	rand.Read(rnd[:])
+	r.nonce = []byte(hex.EncodeToString(rnd[:]))
+	for i, w := range []io.Writer{stdout, stderr} {
+		r.sinks[i] = newMarkSink(r.nonce, d.prev, w)
+		d.outs[i].set(r.sinks[i])
+	}
+	lim := ss.b.limits
+	r.base, _ = ss.bt.group.CPUUsage()
+	r.startEvents, r.startFacts = ss.bt.group.Events(), ss.bt.events.snapshot()
+	hdr := append([]byte{'R'}, r.nonce...)
+	hdr = binary.BigEndian.AppendUint32(hdr, uint32(len(code)))
+	go func() {
+		defer close(r.feed)
+		if _, err := d.proc.stdin.Write(hdr); err == nil {
+			d.proc.stdin.Write(code)
+		}
+	}()
+	ss.mu.Lock()
+	left := ss.budget - ss.spent
+	ss.mu.Unlock()
+	limit := min(time.Duration(lim.CPUTime), left)
+	r.budgetLimited = left < time.Duration(lim.CPUTime)
+	r.stopCPU = ss.bt.group.WatchCPU(r.base, limit, r.kill, &r.cpuOver)
+	return r, nil
+}
+
+// dropDriver forgets the session's interpreter once it has been killed:
+// its runsc exec ends with its PID namespace.
+func (ss *session) dropDriver() {
+	d := ss.interp
+	if d == nil {
+		return
+	}
+	d.kill()
+	closeAll([]*os.File{d.proc.stdin})
+	ss.mu.Lock()
+	ss.interp = nil
+	ss.mu.Unlock()
+}
+
+// Kill ends the run, and with it the interpreter: see engine.Process.
+func (r *interpRun) Kill() {
+	r.mu.Lock()
+	r.killed = true
+	r.mu.Unlock()
+	r.kill()
+}
+
+// End is Kill, with the engine's reason; see engine.Ender.
+func (r *interpRun) End(why moat.Reason) {
+	r.mu.Lock()
+	if !r.killed {
+		r.why = why
+	}
+	r.killed = true
+	r.mu.Unlock()
+	r.kill()
+}
+
+func (r *interpRun) kill() { r.d.kill() }
+
+// Wait waits for the run's end record, or for the interpreter's end,
+// takes the run's output up to its markers, pauses the sandbox and
+// returns the evidence.
+func (r *interpRun) Wait() (engine.Evidence, error) {
+	ss, d := r.ss, r.d
+	prefix := "X" + string(r.nonce) + " "
+	var status int
+	var marked string
+	got := false
+	take := func(line string) {
+		i := strings.Index(line, prefix)
+		if got || i < 0 {
+			return // not this run's
+		}
+		st, m, _ := strings.Cut(line[i+len(prefix):], " ")
+		if n, err := strconv.Atoi(st); err == nil && n >= 0 && n <= 255 {
+			status, marked, got = n, m, true
+		}
+	}
+	for !got && d.records != nil {
+		select {
+		case line, ok := <-d.records:
+			if !ok {
+				d.records = nil
+				break
+			}
+			take(line)
+		case <-d.proc.exited:
+			// What the driver wrote before its end is still to be read.
+			for timeout := time.After(streamDrain); d.records != nil; {
+				select {
+				case line, ok := <-d.records:
+					if !ok {
+						d.records = nil
+						break
+					}
+					take(line)
+				case <-timeout:
+					d.records = nil
+				}
+			}
+		}
+	}
+	<-r.feed
+	r.stopCPU()
+	if got {
+		// The driver wrote its markers before the record; wait until they
+		// have passed through.
+		for i, c := range "oe" {
+			if strings.ContainsRune(marked, c) {
+				select {
+				case <-r.sinks[i].seen:
+				case <-time.After(streamDrain):
+					ss.b.log.Warn("gvisor: session: an interpreter's output marker did not come", "id", ss.bt.id)
+					d.kill()
+				}
+			}
+		}
+	}
+	killed, why := r.state()
+	if killed || !got {
+		d.dead.Store(true)
+		// Its PID namespace is gone once runsc exec has ended: then
+		// nothing of it writes the streams, and what is left of them is
+		// this run's.
+		select {
+		case <-d.proc.exited:
+		case <-time.After(killGrace):
+			d.proc.giveUp()
+			<-d.proc.exited
+		}
+		for i := range d.outs {
+			select {
+			case <-d.outs[i].eof:
+			case <-time.After(streamDrain):
+			}
+		}
+		select {
+		case <-d.proc.reported:
+		case <-time.After(streamDrain):
+		}
+	}
+	for i := range d.outs {
+		d.outs[i].set(nil)
+		r.sinks[i].flush()
+	}
+	d.prev = r.nonce
+
+	used, cpuErr := ss.bt.group.CPUUsage()
+	used -= r.base
+	events, facts := ss.bt.group.Events(), ss.bt.events.snapshot()
+	out := engine.Evidence{CPUTime: r.cpuOver.Load()}
+	out.Memory = events.OOMKill && !r.startEvents.OOMKill
+	pids, fileSize, disk := facts.refused.since(r.startFacts.refused)
+	out.Pids = pids || (events.PidsMax && !r.startEvents.PidsMax)
+	out.FileSize, out.Disk = fileSize, disk
+
+	ss.mu.Lock()
+	closed := ss.closed
+	if cpuErr != nil {
+		ss.spent = ss.budget // fail closed: an account that cannot be read spends the budget
+	} else {
+		ss.spent += used
+	}
+	spent := ss.spent >= ss.budget
+	ss.mu.Unlock()
+	sandboxDead := !ss.bt.alive()
+	byUs := killed || out.CPUTime || closed
+	switch {
+	case got && !byUs:
+		out.Exited, out.Status = true, syscall.WaitStatus(status<<8)
+	case !got && !byUs && d.proc.report.hasStatus && !sandboxDead:
+		// The code ended the interpreter itself (os._exit, a signal):
+		// the run's end is the interpreter's.
+		out.Exited, out.Status = true, d.proc.report.status
+	case !byUs && !out.Memory && !out.Pids:
+		ss.release()
+		msg := "the interpreter ended without the run's end"
+		if sandboxDead {
+			msg = "the session's sandbox ended during the run: " + ss.sandboxEvidence().failure().Error()
+		}
+		return engine.Evidence{}, fmt.Errorf("gvisor: session: %s: %w", msg, moat.ErrUnavailable)
+	}
+	if r.restart != "" {
+		out.Notes = append(out.Notes, "gvisor: a fresh interpreter started for this run, without the variables of earlier runs: the previous one ended ("+r.restart+")")
+	}
+	if d.dead.Load() || !got {
+		cause := "a run of it was killed"
+		switch {
+		case why == moat.ReasonTimeout:
+			cause = "a run of it timed out"
+		case why == moat.ReasonOutput:
+			cause = "a run of it passed the output limit"
+		case why == moat.ReasonCanceled:
+			cause = "a run of it was canceled"
+		case out.CPUTime:
+			cause = "a run of it passed its CPU time"
+		case !killed:
+			cause = "a run of it ended it"
+		}
+		ss.ended = cause
+		ss.dropDriver()
+		out.Notes = append(out.Notes, "gvisor: the session's interpreter ended with this run ("+cause+"); the next run starts a fresh one, without the variables")
+	}
+	ss.release()
+	out.Spent = spent
+	if spent && out.CPUTime && r.budgetLimited {
+		out.Notes = append(out.Notes, fmt.Sprintf("gvisor: this run used up the session's CPU budget of %v (session_cpu_time); later runs fail, the files stay readable", ss.budget))
+	}
+	return out, nil
+}
+
+func (r *interpRun) state() (bool, moat.Reason) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.killed, r.why
+}
+
+// The interpreter's output. Its stdout and stderr pipes last as long as
+// the interpreter; a router per stream passes what comes to the run in
+// progress, up to that run's end marker (its nonce, which the driver
+// writes when the run's code has returned), and drops what comes between
+// runs.
+
+// streamRouter passes what the interpreter writes on one stream to the
+// current run's sink, and drops it between runs.
+type streamRouter struct {
+	mu   sync.Mutex
+	sink *markSink
+	eof  chan struct{}
+}
+
+func (sr *streamRouter) pump(r io.ReadCloser) {
+	defer close(sr.eof)
+	defer r.Close()
+	buf := make([]byte, 64*1024)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			sr.mu.Lock()
+			if sr.sink != nil {
+				sr.sink.feed(buf[:n])
+			}
+			sr.mu.Unlock()
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (sr *streamRouter) set(m *markSink) {
+	sr.mu.Lock()
+	sr.sink = m
+	sr.mu.Unlock()
+}
+
+// markSink feeds a run's stream until the run's end marker, leaving out any
+// occurrence of drop (the previous run's marker) on the way. The engine's
+// cap on the stream may kill the run from inside a Write (engine.Ender).
+type markSink struct {
+	marker  []byte
+	drop    []byte    // nil: nothing to drop
+	w       io.Writer // the run's stream (the engine's, with its cap)
+	pending []byte    // a tail that may be the start of the marker or of drop
+	seen    chan struct{}
+	done    bool
+}
+
+func newMarkSink(marker, drop []byte, w io.Writer) *markSink {
+	return &markSink{marker: marker, drop: drop, w: w, seen: make(chan struct{})}
+}
+
+func (m *markSink) feed(p []byte) {
+	if m.done {
+		return // after the marker: output of processes left behind
+	}
+	data := append(m.pending, p...)
+	m.pending = nil
+	for {
+		i := bytes.Index(data, m.marker)
+		j := -1
+		if len(m.drop) > 0 {
+			j = bytes.Index(data, m.drop)
+		}
+		if j >= 0 && (i < 0 || j < i) {
+			m.w.Write(data[:j])
+			data = data[j+len(m.drop):]
+			continue
+		}
+		if i >= 0 {
+			m.w.Write(data[:i])
+			m.done = true
+			close(m.seen)
+			return
+		}
+		break
+	}
+	keep := max(prefixAtEnd(data, m.marker), prefixAtEnd(data, m.drop))
+	m.w.Write(data[:len(data)-keep])
+	m.pending = append([]byte(nil), data[len(data)-keep:]...)
+}
+
+// prefixAtEnd returns the length of the longest proper prefix of pat that
+// data ends with.
+func prefixAtEnd(data, pat []byte) int {
+	for k := min(len(pat)-1, len(data)); k > 0; k-- {
+		if bytes.HasSuffix(data, pat[:k]) {
+			return k
+		}
+	}
+	return 0
+}
+
+// flush passes on a held-back tail when the marker never came.
+func (m *markSink) flush() {
+	if !m.done && len(m.pending) > 0 {
+		m.w.Write(m.pending)
+		m.pending = nil
+	}
+}
