@@ -14,3 +14,9 @@ echo "test: go test -race ./..."
 # -p 1: the levels' suites each load the 2 cores on their own; running
 # packages one at a time keeps their time bounds honest.
 go test -race -p 1 -count=1 -timeout 45m ./... 2>&1 | tee /tmp/moat-test.log
+# The README's session example, unchanged but for the level, at every level.
+go build -o bin/moat ./cmd/moat
+for level in subprocess container gvisor microvm; do
+	bash scripts/readme-sessions.sh "$level" >/dev/null
+	echo "test: the README's session example ran at $level"
+done
