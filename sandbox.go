@@ -103,3 +103,11 @@ func Unavailable(l Level, err error) Availability {
 	}
 	return a
 }
+
+// Describer is implemented by sandboxes that can say in one line how they
+// are set up — the runtime's version, the accelerator a VM uses, what is
+// kept ready ahead of runs — for `moat bench` to print beside their
+// figures, without knowing the level's type.
+type Describer interface {
+	Describe() string
+}

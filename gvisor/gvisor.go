@@ -500,3 +500,11 @@ func runID(name string) (string, bool) {
 	}
 	return id, true
 }
+
+// Describe says which runsc and platform run the sandboxes; see
+// moat.Describer.
+func (s *Sandbox) Describe() string {
+	return "runsc " + s.Version() + ", platform " + string(s.Platform()) + ", sandboxes booted ahead of runs"
+}
+
+var _ moat.Describer = (*Sandbox)(nil)

@@ -303,3 +303,14 @@ func (b *backend) details() []string {
 
 // Close implements engine.Backend: the engine has discarded every VM.
 func (b *backend) Close() error { return nil }
+
+// Describe says which accelerator the VMs use and how they start; see
+// moat.Describer.
+func (s *Sandbox) Describe() string {
+	if s.b.cfg.Cold {
+		return "accel " + string(s.Accel()) + ", a fresh VM booted for every run"
+	}
+	return "accel " + string(s.Accel()) + ", restored from a saved template"
+}
+
+var _ moat.Describer = (*Sandbox)(nil)

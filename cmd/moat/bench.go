@@ -10,7 +10,6 @@ import (
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/bench"
 	"github.com/moatsandbox/moat/container"
-	"github.com/moatsandbox/moat/gvisor"
 	"github.com/moatsandbox/moat/microvm"
 )
 
@@ -65,11 +64,8 @@ func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
 		}
 		opened = append(opened, sb)
 		t := bench.SandboxTarget(string(l), sb)
-		switch v := sb.(type) {
-		case *gvisor.Sandbox:
-			t.Note = "runsc " + v.Version() + ", platform " + string(v.Platform()) + ", sandboxes booted ahead of runs"
-		case *microvm.Sandbox:
-			t.Note = "accel " + string(v.Accel()) + ", restored from a saved template"
+		if d, ok := sb.(moat.Describer); ok {
+			t.Note = d.Describe()
 		}
 		targets = append(targets, t)
 		st, err := sessionTargets(ctx, sb, &sessions, stdio)
@@ -124,7 +120,7 @@ func extraBenchTargets(fc fileConfig, l moat.Level, closers *[]moat.Sandbox) ([]
 		}
 		*closers = append(*closers, cold)
 		t := bench.SandboxTarget("microvm-cold", cold)
-		t.Note = "accel " + string(cold.Accel()) + ", a fresh VM booted for every run"
+		t.Note = cold.Describe()
 		return []bench.Target{t}, nil
 	}
 	return nil, nil
