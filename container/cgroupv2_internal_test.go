@@ -1,10 +1,13 @@
 package container
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestPidsV2Children: on cgroup v2 a cgroup.procs lists only its own
@@ -39,5 +42,29 @@ func TestPidsV2Children(t *testing.T) {
 	c.v2 = false
 	if pids, err := c.pids(); err != nil || !slices.Equal(pids, []int{1}) {
 		t.Errorf("v1 pids %v, %v: want [1]", pids, err)
+	}
+}
+
+// TestKillFailureBreaksSession: when the kill at a run's end fails (the
+// freezer cannot be written, or processes survive their SIGKILL), what the
+// run left may still be there; the engine does not break a session on a
+// Wait error, so the session must refuse every later run itself, or those
+// processes would run again with the next one.
+func TestKillFailureBreaksSession(t *testing.T) {
+	fd, err := unix.PidfdOpen(os.Getpid(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	dir := t.TempDir()
+	s := &session{initFd: fd, initPid: 1, cg: cgroupFiles{v2: true, procs: filepath.Join(dir, "cgroup.procs"), freezer: filepath.Join(dir, "gone")}}
+	if err := s.killAllButInit(); err == nil {
+		t.Fatal("a kill without a freezer succeeded")
+	}
+	if err := s.enter(context.Background(), true); err == nil {
+		t.Error("a run entered a session whose last kill failed")
+	}
+	if err := s.enter(context.Background(), false); err == nil {
+		t.Error("a file operation entered a session whose last kill failed")
 	}
 }
