@@ -80,6 +80,9 @@ type session struct {
 	mounts  []*os.File // the tmpfs roots, opened through /proc/PID/root
 	files   moat.Files
 	killMu  sync.Mutex // held by killAllButInit
+	// unkillable is set once a kill of the container's processes failed:
+	// what a run left may still be there, so nothing more runs (enter).
+	unkillable atomic.Bool
 	// interpOn: the session keeps a live interpreter (interp, nil until
 	// the first run and after one ended it; ended says why it last ended,
 	// for the next run's notes). Only runs touch them, one at a time;
@@ -199,6 +202,9 @@ func (s *session) enter(ctx context.Context, run bool) error {
 		return errSessionClosed
 	case s.broken != nil:
 		return s.broken
+	case s.unkillable.Load():
+		s.broken = unavailable("a kill of the session's processes failed, so what a run left may still be there", "close the session and make a new one", nil)
+		return s.broken
 	}
 	if s.initDied() {
 		s.broken = unavailable("the session's container stopped (its init died)", "close the session and make a new one", nil)
@@ -301,10 +307,18 @@ func (s *session) killAllButInit() error { return s.killAllBut(0) }
 
 // killAllBut is killAllButInit sparing also process keep (the live
 // interpreter), if not 0.
-func (s *session) killAllBut(keep int) error {
+//
+// A failure makes the session refuse every later run and file operation
+// (unkillable): the engine does not break a session on a Wait error.
+func (s *session) killAllBut(keep int) (err error) {
 	// One at a time: a thaw of one would undo the freeze of another.
 	s.killMu.Lock()
 	defer s.killMu.Unlock()
+	defer func() {
+		if err != nil {
+			s.unkillable.Store(true)
+		}
+	}()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		if err := s.cg.setFrozen(true); err != nil {

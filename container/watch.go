@@ -363,16 +363,43 @@ func (c cgroupFiles) oomKills() (int64, error) {
 	return counter(c.oom, "oom_kill")
 }
 
-// pids lists the processes of the cgroup.
+// pids lists the processes of the cgroup and, on v2, of the cgroups
+// under it: there a cgroup.procs lists only its own cgroup's, and a
+// session's live interpreter, with all it forks, lives in a child cgroup
+// of the container's (interpFreezer). On v1 the children are made only in
+// the freezer hierarchy, and procs is the pids hierarchy's, which holds
+// them all.
 func (c cgroupFiles) pids() ([]int, error) {
-	b, err := os.ReadFile(c.procs)
-	if err != nil {
-		return nil, err
+	files := []string{c.procs}
+	if c.v2 {
+		files = nil
+		top := filepath.Dir(c.procs)
+		err := filepath.WalkDir(top, func(p string, d fs.DirEntry, err error) error {
+			if err != nil && (p == top || !errors.Is(err, fs.ErrNotExist)) {
+				return err
+			}
+			if err != nil {
+				return nil // a child cgroup removed meanwhile
+			}
+			if d.IsDir() {
+				files = append(files, filepath.Join(p, "cgroup.procs"))
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
 	}
 	var pids []int
-	for _, f := range strings.Fields(string(b)) {
-		if pid, err := strconv.Atoi(f); err == nil {
-			pids = append(pids, pid)
+	for _, file := range files {
+		b, err := os.ReadFile(file)
+		if err != nil && (file == c.procs || !errors.Is(err, fs.ErrNotExist)) {
+			return nil, err
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				pids = append(pids, pid)
+			}
 		}
 	}
 	return pids, nil

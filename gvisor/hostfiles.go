@@ -266,8 +266,19 @@ type limitedFile struct {
 
 func (f limitedFile) Stat() (fs.FileInfo, error) { return f.st, nil }
 
+// Caps of a listing, sessionfiles' (the levels whose files are listed in
+// their sandbox): the code controls the tree, and in a deep one every
+// entry's name holds all its parents', so the names of a listing grow with
+// the square of its depth.
+const (
+	maxList      = 100000
+	maxListBytes = 64 << 20
+)
+
 // ListFiles lists the session's files, recursively, without following
-// links.
+// links. A tree of more than maxList entries, or whose names and
+// descriptions take more than maxListBytes, is refused with an error
+// wrapping moat.ErrInvalid.
 func (h hostFiles) ListFiles(ctx context.Context) ([]moat.FileInfo, error) {
 	root, err := h.enter(ctx)
 	if err != nil {
@@ -275,6 +286,7 @@ func (h hostFiles) ListFiles(ctx context.Context) ([]moat.FileInfo, error) {
 	}
 	defer h.done(root)
 	out := []moat.FileInfo{}
+	total := 0
 	err = fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -284,6 +296,10 @@ func (h hostFiles) ListFiles(ctx context.Context) ([]moat.FileInfo, error) {
 		}
 		if err := ctx.Err(); err != nil {
 			return err
+		}
+		total += len(p) + 64
+		if len(out) >= maxList || total > maxListBytes {
+			return fmt.Errorf("gvisor: list files: more than %d files or %d bytes of names: %w", maxList, maxListBytes, moat.ErrInvalid)
 		}
 		info, err := d.Info()
 		if err != nil {
@@ -295,6 +311,9 @@ func (h hostFiles) ListFiles(ctx context.Context) ([]moat.FileInfo, error) {
 		out = append(out, moat.FileInfo{Name: p, Size: info.Size(), Mode: info.Mode(), ModTime: info.ModTime(), IsDir: d.IsDir()})
 		return nil
 	})
+	if errors.Is(err, moat.ErrInvalid) {
+		return nil, err
+	}
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: list files: %w", err)
 	}

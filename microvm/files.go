@@ -193,8 +193,16 @@ func (ss *vmSession) Stat(ctx context.Context, name string) (moat.FileInfo, erro
 	return o.info(*r.Info)
 }
 
+// maxListBytes bounds the names and descriptions of one listing, as
+// sessionfiles' does at the levels that list in their sandbox: the code
+// shapes the tree, and the names of a deep one, each up to 4096 bytes,
+// would otherwise take up to maxEntries times that of the host's memory.
+const maxListBytes = 64 << 20
+
 // ListFiles implements moat.Files: every entry of the working directory,
-// recursively, symbolic links listed and not followed.
+// recursively, symbolic links listed and not followed. A listing whose
+// names and descriptions take more than maxListBytes is refused with an
+// error wrapping moat.ErrInvalid.
 func (ss *vmSession) ListFiles(ctx context.Context) ([]moat.FileInfo, error) {
 	o, err := ss.begin(ctx, wire.OpList, "", "")
 	if err != nil {
@@ -203,6 +211,7 @@ func (ss *vmSession) ListFiles(ctx context.Context) ([]moat.FileInfo, error) {
 	defer o.end()
 	out := []moat.FileInfo{}
 	seen := map[string]bool{}
+	total := 0
 	for {
 		r, err := o.reply(ctx, nil)
 		if err != nil {
@@ -216,6 +225,9 @@ func (ss *vmSession) ListFiles(ctx context.Context) ([]moat.FileInfo, error) {
 				return nil, o.bad("the name %q", clip([]byte(e.Name), 256))
 			}
 			seen[e.Name] = true
+			if total += len(e.Name) + 64; total > maxListBytes {
+				return nil, fmt.Errorf("microvm: list: the files' names take more than %d bytes: %w", maxListBytes, moat.ErrInvalid)
+			}
 			fi, err := o.info(e)
 			if err != nil {
 				return nil, err

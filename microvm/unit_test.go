@@ -631,3 +631,32 @@ func TestHostileGuestFiles(t *testing.T) {
 		t.Errorf("the guest got %d bytes of a write past the limit", n)
 	}
 }
+
+// A listing whose names add up to more than maxListBytes is refused, even
+// within maxEntries: the code shapes the tree, and a deep one's names are
+// long (here a compromised guest sends them straight).
+func TestGuestListBytesBounded(t *testing.T) {
+	l := moat.Limits{Disk: 1 * moat.GiB}
+	long := strings.Repeat("d", 4000)
+	ss := fakeSession(t, l, func(conn net.Conn, k wire.Kind, p []byte) {
+		if k != wire.KindFile {
+			return
+		}
+		id := fileID(p)
+		n := 0
+		for n*4000 < 2*64<<20 { // twice the cap, well within maxEntries
+
+			var es []string
+			for range 10 {
+				es = append(es, fmt.Sprintf(`{"name":"%s%d","size":1,"mode":420,"mod_nano":0}`, long, n))
+				n++
+			}
+			reply(conn, id, `,"entries":[`+strings.Join(es, ",")+`],"more":true`)
+		}
+		reply(conn, id, ``)
+	})
+	list, err := ss.ListFiles(context.Background())
+	if !errors.Is(err, moat.ErrInvalid) {
+		t.Errorf("a listing of %d names of 4000 bytes: err %v, want one wrapping moat.ErrInvalid", len(list), err)
+	}
+}

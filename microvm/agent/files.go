@@ -286,6 +286,13 @@ func (f *files) do(op *wire.File) {
 	}
 }
 
+// maxName is the longest name the host takes (engine.CleanName's bound):
+// a listing that reaches a longer one, in a tree the code made deep
+// enough, fails with ENAMETOOLONG rather than send a name the host
+// refuses as no answer of the agent's, or a batch too large for a frame,
+// which would be dropped and leave the listing silently short.
+const maxName = 4096
+
 // list walks the working directory, depth first in name order, and hands
 // its entries to emit in batches that fit in a reply frame.
 func (f *files) list(emit func([]wire.FileEntry)) error {
@@ -309,6 +316,9 @@ func (f *files) list(emit func([]wire.FileEntry)) error {
 		}
 		sort.Strings(names)
 		for _, n := range names {
+			if len(prefix)+len(n) > maxName {
+				return unix.ENAMETOOLONG
+			}
 			e, err := entry(dir, n, prefix+n)
 			if err == unix.ENOENT {
 				continue // gone since the directory was read

@@ -370,3 +370,44 @@ func TestFilesList(t *testing.T) {
 		t.Errorf("listed %d names, want %d", len(got), len(want))
 	}
 }
+
+// A tree the code made deep enough that its names pass the host's 4096
+// bytes (and one of them a frame): the listing fails with ENAMETOOLONG,
+// which the host takes as the caller's error, rather than send a name the
+// host refuses as no answer of the agent's or drop a batch too large to
+// send and end the listing short as if whole.
+func TestFilesListDeep(t *testing.T) {
+	s := newSession(t)
+	long := strings.Repeat("d", 250)
+	d, err := unix.Open(s.dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 300 { // 75 kB of name at the bottom, more than wire.MaxReport
+		if err := unix.Mkdirat(d, long, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		next, err := unix.Openat(d, long, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		unix.Close(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d = next
+	}
+	unix.Close(d)
+	r, _ := s.op(wire.OpList, "", "")
+	if e := syscall.Errno(r[len(r)-1].Errno); e != syscall.ENAMETOOLONG {
+		n := 0
+		for _, rep := range r {
+			n += len(rep.Entries)
+		}
+		t.Errorf("listing a tree 300 deep: errno %v after %d entries, want ENAMETOOLONG", e, n)
+	}
+	for _, rep := range r {
+		for _, e := range rep.Entries {
+			if len(e.Name) > 4096 {
+				t.Fatalf("the listing sent a name of %d bytes", len(e.Name))
+			}
+		}
+	}
+}
