@@ -35,3 +35,11 @@ func (s *Session) InterpreterFrozen() (bool, error) {
 // WithoutFreezer makes the sandbox behave as on a host without a cgroup
 // freezer. Call it before the first session.
 func (s *Sandbox) WithoutFreezer() { s.b.cg = s.b.cg.WithoutFreezer() }
+
+// SetListCaps sets the listing caps for a test and returns a function
+// that puts them back.
+func SetListCaps(n, bytes int) (restore func()) {
+	on, ob := maxList, maxListBytes
+	maxList, maxListBytes = n, bytes
+	return func() { maxList, maxListBytes = on, ob }
+}

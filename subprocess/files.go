@@ -216,8 +216,17 @@ type limitedFile struct {
 
 func (f limitedFile) Stat() (fs.FileInfo, error) { return f.st, nil }
 
+// The most a listing holds: entries, and bytes of names and descriptions
+// (a chain of nested directories makes names that grow with its depth).
+var (
+	maxList      = 100000
+	maxListBytes = 64 << 20
+)
+
 // ListFiles lists the session's files, recursively, without following
-// symbolic links.
+// symbolic links. A tree of more than maxList entries or maxListBytes of
+// names is refused with an error wrapping moat.ErrInvalid: the code built
+// it, and moat must not hold it in memory.
 func (ss *session) ListFiles(ctx context.Context) ([]moat.FileInfo, error) {
 	if err := ss.enter(ctx); err != nil {
 		return nil, err
@@ -229,6 +238,7 @@ func (ss *session) ListFiles(ctx context.Context) ([]moat.FileInfo, error) {
 	}
 	defer root.Close()
 	out := []moat.FileInfo{}
+	total := 0
 	err = fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -238,6 +248,10 @@ func (ss *session) ListFiles(ctx context.Context) ([]moat.FileInfo, error) {
 		}
 		if err := ctx.Err(); err != nil {
 			return err
+		}
+		total += len(p) + 64
+		if len(out) >= maxList || total > maxListBytes {
+			return fmt.Errorf("more than %d files or %d bytes of names: %w", maxList, maxListBytes, moat.ErrInvalid)
 		}
 		info, err := d.Info()
 		if err != nil {

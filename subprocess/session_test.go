@@ -767,3 +767,27 @@ func TestSessionCodeFileIsNotAFileAtLimit(t *testing.T) {
 		t.Errorf("session run of %d bytes of code: reason %q stdout %q stderr %s; want no reason", len(code), res.Reason, res.Stdout, res.Stderr)
 	}
 }
+
+// TestSessionListBounded: a tree the code built past the listing caps is
+// refused, not held in moat's memory; under them it is listed.
+func TestSessionListBounded(t *testing.T) {
+	_, ss := newSession(t, moat.Limits{}, moat.SessionOptions{})
+	ctx := context.Background()
+	res, err := ss.Run(ctx, moat.Request{Code: []byte("import os\np = ''\nfor i in range(15):\n    p = os.path.join(p, 'd' * 200)\n    os.mkdir(p)\n")})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("building the tree: %+v %v", res, err)
+	}
+	if files, err := ss.ListFiles(ctx); err != nil || len(files) != 15 {
+		t.Fatalf("under the caps: %d files, %v", len(files), err)
+	}
+	restore := subprocess.SetListCaps(100000, 16<<10)
+	defer restore()
+	if _, err := ss.ListFiles(ctx); !errors.Is(err, moat.ErrInvalid) {
+		t.Fatalf("a listing past the bytes cap: %v, want ErrInvalid", err)
+	}
+	restore()
+	restore = subprocess.SetListCaps(10, 64<<20)
+	if _, err := ss.ListFiles(ctx); !errors.Is(err, moat.ErrInvalid) {
+		t.Fatalf("a listing past the entries cap: %v, want ErrInvalid", err)
+	}
+}
