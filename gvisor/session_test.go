@@ -396,17 +396,18 @@ func runscExecs(stateDir string) []int {
 // it up ends with reason timeout, later runs fail with ErrSpent, and the
 // files stay readable.
 func TestSessionCPUBudget(t *testing.T) {
-	// Run 1 uses about 1.5s of the cgroup's account (more under load:
-	// the sentry's own work counts), within its 3s; what it leaves of the
-	// 4s budget is then below run 2's own 3s, which the budget ends.
-	cfg := gvisor.Config{StateDir: t.TempDir(), Warm: -1, SessionCPUTime: moat.Duration(4 * time.Second),
-		Limits: moat.Limits{CPUTime: moat.Duration(3 * time.Second), WallTime: moat.Duration(30 * time.Second)}}
+	// Run 1 burns 1s of its own CPU, which the cgroup's account shows as
+	// 1-3s (the sentry's own work counts, more under load): within its
+	// own 10s and the 6s budget. What it leaves of the budget (at most 5s)
+	// is below run 2's own 10s, so the budget ends run 2.
+	cfg := gvisor.Config{StateDir: t.TempDir(), Warm: -1, SessionCPUTime: moat.Duration(6 * time.Second),
+		Limits: moat.Limits{CPUTime: moat.Duration(10 * time.Second), WallTime: moat.Duration(60 * time.Second)}}
 	need(t, cfg)
 	sb := newSandbox(t, cfg)
 	defer sb.Close()
 	ss := newSession(t, sb)
 	burn := "import time\nt = time.process_time()\nwhile time.process_time() - t < %s: pass\nopen('ran', 'a').write('x')\nprint('done')"
-	res := runIn(t, ss, fmt.Sprintf(burn, "1.5"))
+	res := runIn(t, ss, fmt.Sprintf(burn, "1.0"))
 	if !strings.Contains(string(res.Stdout), "done") || res.Reason != "" {
 		t.Fatalf("run 1: %q, reason %q, stderr %q", res.Stdout, res.Reason, res.Stderr)
 	}

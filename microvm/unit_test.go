@@ -195,10 +195,21 @@ func TestReap(t *testing.T) {
 	const deadID = "00000000deadbeef"
 	orphan := start(deadID)
 	ours := start(me)
-	found := listVMs()
-	for _, c := range []*exec.Cmd{orphan, ours} {
-		if !slices.ContainsFunc(found, func(p vmProcess) bool { return p.pid == c.Process.Pid }) {
-			t.Fatalf("listVMs() = %v, want it to find the tagged process %d", found, c.Process.Pid)
+	// A child shows its own command line only once it has exec'd.
+	var found []vmProcess
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		found = listVMs()
+		missing := false
+		for _, c := range []*exec.Cmd{orphan, ours} {
+			if !slices.ContainsFunc(found, func(p vmProcess) bool { return p.pid == c.Process.Pid }) {
+				missing = true
+			}
+		}
+		if !missing {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("listVMs() = %v, want it to find the tagged processes %d and %d", found, orphan.Process.Pid, ours.Process.Pid)
 		}
 	}
 	reap(t.TempDir(), slog.New(slog.DiscardHandler))
