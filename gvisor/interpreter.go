@@ -21,6 +21,7 @@ import (
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/internal/cgroup"
 	"github.com/moatsandbox/moat/internal/engine"
+	"github.com/moatsandbox/moat/internal/marker"
 )
 
 // The live interpreter of a session (SessionOptions.Interpreter).
@@ -76,7 +77,7 @@ var driverCaps = append(append([]string{}, launcherCaps...), "CAP_SYS_RESOURCE")
 type driver struct {
 	proc    *sessionRun // the launcher's runsc exec, its streams and reports
 	records chan string // the driver's record lines; closed at its end
-	outs    [2]*streamRouter
+	outs    [2]*marker.Router
 	prev    []byte      // the nonce of the last run whose end was taken
 	dead    atomic.Bool // killed or ended: the next run starts a fresh one
 }
@@ -97,8 +98,7 @@ func (ss *session) startDriver(ctx context.Context) (*driver, error) {
 	d := &driver{proc: proc, records: make(chan string, 16)}
 	go readRecords(recR, d.records)
 	for i, f := range []*os.File{proc.stdout, proc.stderr} {
-		d.outs[i] = &streamRouter{eof: make(chan struct{})}
-		go d.outs[i].pump(f)
+		d.outs[i] = marker.NewRouter(f)
 	}
 	ctx, cancel := context.WithTimeout(ctx, bootTimeout)
 	defer cancel()
@@ -167,7 +167,7 @@ type interpRun struct {
 	ss      *session
 	d       *driver
 	nonce   []byte
-	sinks   [2]*markSink
+	sinks   [2]*marker.Sink
 	restart string // why the previous interpreter ended, if this run started a fresh one
 	feed    chan struct{}
 
@@ -218,8 +218,8 @@ func (ss *session) startInterpRun(ctx context.Context, code []byte, stdout, stde
 	rand.Read(rnd[:])
 	r.nonce = []byte(hex.EncodeToString(rnd[:]))
 	for i, w := range []io.Writer{stdout, stderr} {
-		r.sinks[i] = newMarkSink(r.nonce, d.prev, w)
-		d.outs[i].set(r.sinks[i])
+		r.sinks[i] = marker.NewSink(r.nonce, d.prev, w)
+		d.outs[i].Set(r.sinks[i])
 	}
 	lim := ss.b.limits
 	r.base, _ = ss.bt.group.CPUUsage()
@@ -327,7 +327,7 @@ func (r *interpRun) Wait() (engine.Evidence, error) {
 		for i, c := range "oe" {
 			if strings.ContainsRune(marked, c) {
 				select {
-				case <-r.sinks[i].seen:
+				case <-r.sinks[i].Seen():
 				case <-time.After(streamDrain):
 					ss.b.log.Warn("gvisor: session: an interpreter's output marker did not come", "id", ss.bt.id)
 					d.kill()
@@ -349,7 +349,7 @@ func (r *interpRun) Wait() (engine.Evidence, error) {
 		}
 		for i := range d.outs {
 			select {
-			case <-d.outs[i].eof:
+			case <-d.outs[i].EOF():
 			case <-time.After(streamDrain):
 			}
 		}
@@ -359,8 +359,8 @@ func (r *interpRun) Wait() (engine.Evidence, error) {
 		}
 	}
 	for i := range d.outs {
-		d.outs[i].set(nil)
-		r.sinks[i].flush()
+		d.outs[i].Set(nil)
+		r.sinks[i].Flush()
 	}
 	d.prev = r.nonce
 
@@ -432,108 +432,4 @@ func (r *interpRun) state() (bool, moat.Reason) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.killed, r.why
-}
-
-// The interpreter's output. Its stdout and stderr pipes last as long as
-// the interpreter; a router per stream passes what comes to the run in
-// progress, up to that run's end marker (its nonce, which the driver
-// writes when the run's code has returned), and drops what comes between
-// runs.
-
-// streamRouter passes what the interpreter writes on one stream to the
-// current run's sink, and drops it between runs.
-type streamRouter struct {
-	mu   sync.Mutex
-	sink *markSink
-	eof  chan struct{}
-}
-
-func (sr *streamRouter) pump(r io.ReadCloser) {
-	defer close(sr.eof)
-	defer r.Close()
-	buf := make([]byte, 64*1024)
-	for {
-		n, err := r.Read(buf)
-		if n > 0 {
-			sr.mu.Lock()
-			if sr.sink != nil {
-				sr.sink.feed(buf[:n])
-			}
-			sr.mu.Unlock()
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-func (sr *streamRouter) set(m *markSink) {
-	sr.mu.Lock()
-	sr.sink = m
-	sr.mu.Unlock()
-}
-
-// markSink feeds a run's stream until the run's end marker, leaving out any
-// occurrence of drop (the previous run's marker) on the way. The engine's
-// cap on the stream may kill the run from inside a Write (engine.Ender).
-type markSink struct {
-	marker  []byte
-	drop    []byte    // nil: nothing to drop
-	w       io.Writer // the run's stream (the engine's, with its cap)
-	pending []byte    // a tail that may be the start of the marker or of drop
-	seen    chan struct{}
-	done    bool
-}
-
-func newMarkSink(marker, drop []byte, w io.Writer) *markSink {
-	return &markSink{marker: marker, drop: drop, w: w, seen: make(chan struct{})}
-}
-
-func (m *markSink) feed(p []byte) {
-	if m.done {
-		return // after the marker: output of processes left behind
-	}
-	data := append(m.pending, p...)
-	m.pending = nil
-	for {
-		i := bytes.Index(data, m.marker)
-		j := -1
-		if len(m.drop) > 0 {
-			j = bytes.Index(data, m.drop)
-		}
-		if j >= 0 && (i < 0 || j < i) {
-			m.w.Write(data[:j])
-			data = data[j+len(m.drop):]
-			continue
-		}
-		if i >= 0 {
-			m.w.Write(data[:i])
-			m.done = true
-			close(m.seen)
-			return
-		}
-		break
-	}
-	keep := max(prefixAtEnd(data, m.marker), prefixAtEnd(data, m.drop))
-	m.w.Write(data[:len(data)-keep])
-	m.pending = append([]byte(nil), data[len(data)-keep:]...)
-}
-
-// prefixAtEnd returns the length of the longest proper prefix of pat that
-// data ends with.
-func prefixAtEnd(data, pat []byte) int {
-	for k := min(len(pat)-1, len(data)); k > 0; k-- {
-		if bytes.HasSuffix(data, pat[:k]) {
-			return k
-		}
-	}
-	return 0
-}
-
-// flush passes on a held-back tail when the marker never came.
-func (m *markSink) flush() {
-	if !m.done && len(m.pending) > 0 {
-		m.w.Write(m.pending)
-		m.pending = nil
-	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/internal/cgroup"
+	"github.com/moatsandbox/moat/internal/marker"
 )
 
 // The live interpreter.
@@ -100,7 +101,7 @@ type interpreter struct {
 	group  *cgroup.Group
 	frames chan frame    // closed when the control socket ends
 	exited chan struct{} // closed when the helper has exited
-	outs   [2]*streamRouter
+	outs   [2]*marker.Router
 
 	// Used by the session's run in progress only (kill and close also by
 	// Close, after it).
@@ -218,8 +219,7 @@ func (ss *session) startInterpreter() (*interpreter, error) {
 	}
 	specW.Close()
 	for i := range in.outs {
-		in.outs[i] = &streamRouter{eof: make(chan struct{})}
-		go in.outs[i].pump(readers[i])
+		in.outs[i] = marker.NewRouter(readers[i])
 	}
 	go func() {
 		cmd.Wait()

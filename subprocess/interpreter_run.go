@@ -19,6 +19,7 @@ import (
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/internal/cgroup"
 	"github.com/moatsandbox/moat/internal/engine"
+	"github.com/moatsandbox/moat/internal/marker"
 )
 
 // A run of the live interpreter. Start readies the interpreter (starts a
@@ -35,7 +36,7 @@ type interpRun struct {
 	in      *interpreter
 	code    []byte
 	nonce   []byte
-	sinks   [2]*markSink
+	sinks   [2]*marker.Sink
 	atStart map[fileKey]fileStamp // see fileAtLimit
 	// restart is why the previous interpreter ended, if this run started
 	// its successor.
@@ -110,9 +111,9 @@ func (ss *session) startInterpreterRun(ctx context.Context, code []byte, stdout,
 	var rnd [nonceLen / 2]byte
 	rand.Read(rnd[:])
 	r.nonce = []byte(hex.EncodeToString(rnd[:]))
-	r.sinks = [2]*markSink{newMarkSink(r.nonce, in.prevNonce, stdout), newMarkSink(r.nonce, in.prevNonce, stderr)}
+	r.sinks = [2]*marker.Sink{marker.NewSink(r.nonce, in.prevNonce, stdout), marker.NewSink(r.nonce, in.prevNonce, stderr)}
 	for i := range r.sinks {
-		in.outs[i].set(r.sinks[i])
+		in.outs[i].Set(r.sinks[i])
 	}
 	return r, nil
 }
@@ -128,8 +129,8 @@ func (ss *session) readyInterpreter(ctx context.Context) (*interpreter, error) {
 	ss.setInterp(in)
 	// Keep what the driver says on stderr meanwhile, for the error.
 	startErr := &tailWriter{n: 4096}
-	in.outs[1].set(newMarkSink([]byte("\x00"), nil, startErr))
-	defer in.outs[1].set(nil)
+	in.outs[1].Set(marker.NewSink([]byte("\x00"), nil, startErr))
+	defer in.outs[1].Set(nil)
 	timer := time.NewTimer(wall)
 	defer timer.Stop()
 	select {
@@ -183,7 +184,7 @@ func (r *interpRun) Wait() (engine.Evidence, error) {
 	ss, in, lim := r.ss, r.in, r.ss.b.limits
 	unset := func() {
 		for i := range r.sinks {
-			in.outs[i].set(nil)
+			in.outs[i].Set(nil)
 		}
 	}
 	defer unset()
@@ -220,8 +221,8 @@ func (r *interpRun) Wait() (engine.Evidence, error) {
 				continue
 			}
 			select {
-			case <-r.sinks[i].seen:
-			case <-in.outs[i].eof:
+			case <-r.sinks[i].Seen():
+			case <-in.outs[i].EOF():
 			case <-wait.C:
 			case <-r.killedCh:
 			}
@@ -229,7 +230,7 @@ func (r *interpRun) Wait() (engine.Evidence, error) {
 		wait.Stop()
 		for i := range r.sinks {
 			select {
-			case <-r.sinks[i].seen:
+			case <-r.sinks[i].Seen():
 			default:
 				// The code redirected or closed its stdout or stderr: the
 				// next run could not be told apart. Start afresh.
@@ -280,7 +281,7 @@ func (r *interpRun) Wait() (engine.Evidence, error) {
 	}
 	unset()
 	for i := range r.sinks {
-		r.sinks[i].flush()
+		r.sinks[i].Flush()
 	}
 	ev.FileSize = fileAtLimit(ss.dir, lim.FileSize, r.atStart)
 	ev.Disk = ss.mounted && diskFull(ss.dir)

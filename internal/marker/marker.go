@@ -1,4 +1,10 @@
-package subprocess
+// Package marker routes a live interpreter's long-lived output streams to
+// the run in progress: a Router per stream passes what comes to the current
+// run's Sink, up to that run's end marker (its nonce, which the driver
+// writes when the run's code has returned), and drops what processes the
+// code left behind write between runs. The subprocess and gvisor levels'
+// interpreters use it.
+package marker
 
 import (
 	"bytes"
@@ -6,21 +12,15 @@ import (
 	"sync"
 )
 
-// The live interpreter's output. Its stdout and stderr pipes last as long
-// as the interpreter; a router per stream passes what comes to the run in
-// progress, up to that run's end marker (its nonce, which the driver writes
-// when the run's code has returned), and drops what processes the code left
-// behind write between runs.
-
-// streamRouter passes what the interpreter writes on one stream to the
+// Router passes what the interpreter writes on one stream to the
 // current run's sink, and drops it between runs.
-type streamRouter struct {
+type Router struct {
 	mu   sync.Mutex
-	sink *markSink
+	sink *Sink
 	eof  chan struct{}
 }
 
-func (sr *streamRouter) pump(r io.ReadCloser) {
+func (sr *Router) pump(r io.ReadCloser) {
 	defer close(sr.eof)
 	defer r.Close()
 	buf := make([]byte, 64*1024)
@@ -39,16 +39,17 @@ func (sr *streamRouter) pump(r io.ReadCloser) {
 	}
 }
 
-func (sr *streamRouter) set(m *markSink) {
+// Set makes m the sink of what comes next; nil drops it.
+func (sr *Router) Set(m *Sink) {
 	sr.mu.Lock()
 	sr.sink = m
 	sr.mu.Unlock()
 }
 
-// markSink feeds a run's stream until the run's end marker, leaving out any
+// Sink feeds a run's stream until the run's end marker, leaving out any
 // occurrence of drop (the previous run's marker) on the way. The engine's
 // cap on the stream may kill the run from inside a Write (engine.Ender).
-type markSink struct {
+type Sink struct {
 	marker  []byte
 	drop    []byte    // nil: nothing to drop
 	w       io.Writer // the run's stream (the engine's, with its cap)
@@ -57,11 +58,12 @@ type markSink struct {
 	done    bool
 }
 
-func newMarkSink(marker, drop []byte, w io.Writer) *markSink {
-	return &markSink{marker: marker, drop: drop, w: w, seen: make(chan struct{})}
+// NewSink returns a sink that writes to w until marker, leaving out drop.
+func NewSink(marker, drop []byte, w io.Writer) *Sink {
+	return &Sink{marker: marker, drop: drop, w: w, seen: make(chan struct{})}
 }
 
-func (m *markSink) feed(p []byte) {
+func (m *Sink) feed(p []byte) {
 	if m.done {
 		return // after the marker: output of processes left behind
 	}
@@ -102,10 +104,23 @@ func prefixAtEnd(data, pat []byte) int {
 	return 0
 }
 
-// flush passes on a held-back tail when the marker never came.
-func (m *markSink) flush() {
+// Flush passes on a held-back tail when the marker never came.
+func (m *Sink) Flush() {
 	if !m.done && len(m.pending) > 0 {
 		m.w.Write(m.pending)
 		m.pending = nil
 	}
 }
+
+// NewRouter starts routing r, until it ends; see EOF.
+func NewRouter(r io.ReadCloser) *Router {
+	sr := &Router{eof: make(chan struct{})}
+	go sr.pump(r)
+	return sr
+}
+
+// EOF is closed once the stream has ended.
+func (sr *Router) EOF() <-chan struct{} { return sr.eof }
+
+// Seen is closed once the marker has come.
+func (m *Sink) Seen() <-chan struct{} { return m.seen }
