@@ -71,7 +71,12 @@ func (o *op) reply(ctx context.Context, data func([]byte) error) (*wire.FileRepl
 		case <-o.t.C:
 			return nil, fmt.Errorf("microvm: %s %q: the agent did not answer within %v", o.kind, o.name, opTimeout)
 		case <-o.ss.c.done:
-			return nil, fmt.Errorf("microvm: %s %q: the session's VM ended (%v)", o.kind, o.name, o.ss.c.ended())
+			// What the reader delivered before it ended comes first.
+			select {
+			case f = <-o.s.ch:
+			default:
+				return nil, fmt.Errorf("microvm: %s %q: the session's VM ended (%v)", o.kind, o.name, o.ss.c.ended())
+			}
 		}
 		if f.kind == wire.KindData {
 			_, b, _ := wire.DataID(f.payload)

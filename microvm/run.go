@@ -136,19 +136,32 @@ func startRun(ctx context.Context, c *agentConn, s *sink, r wire.Run) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case f := <-s.ch:
-			switch f.kind {
-			case wire.KindStarted:
-				return nil
-			case wire.KindFail:
-				return unavailable("the guest agent failed", "", errors.New(clip(f.payload, 512)))
-			default:
-				return fmt.Errorf("microvm: the agent sent %s before the code started", f.kind)
-			}
+			return started(f)
 		case <-c.done:
-			return fmt.Errorf("microvm: the VM ended before the code started (%v)", c.ended())
+			// What the reader delivered before it ended comes first: a
+			// Started followed by the end of the VM is a run that started.
+			select {
+			case f := <-s.ch:
+				return started(f)
+			default:
+				return fmt.Errorf("microvm: the VM ended before the code started (%v)", c.ended())
+			}
 		case <-timeout.C:
 			return fmt.Errorf("microvm: the agent did not start the code within %v", startTimeout)
 		}
+	}
+}
+
+// started checks the first frame of a run, which must be the agent's
+// Started.
+func started(f frame) error {
+	switch f.kind {
+	case wire.KindStarted:
+		return nil
+	case wire.KindFail:
+		return unavailable("the guest agent failed", "", errors.New(clip(f.payload, 512)))
+	default:
+		return fmt.Errorf("microvm: the agent sent %s before the code started", f.kind)
 	}
 }
 
