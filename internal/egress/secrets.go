@@ -184,10 +184,11 @@ func (r *runSecrets) rewrite(req *http.Request, host string, port int) (refusal 
 		}
 		if s.inURL {
 			u := req.URL
-			if u.RawPath != "" {
-				u.RawPath = strings.ReplaceAll(u.RawPath, ph, url.PathEscape(s.value))
+			if strings.Contains(u.Path, ph) {
+				// The value stays one segment: a "/" in it goes as %2F.
+				u.RawPath = strings.ReplaceAll(u.EscapedPath(), ph, url.PathEscape(s.value))
+				u.Path = strings.ReplaceAll(u.Path, ph, s.value)
 			}
-			u.Path = strings.ReplaceAll(u.Path, ph, s.value)
 			u.RawQuery = strings.ReplaceAll(u.RawQuery, ph, url.QueryEscape(s.value))
 		}
 	}
