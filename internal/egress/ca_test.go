@@ -83,7 +83,9 @@ func TestCABroken(t *testing.T) {
 		want  string
 	}{
 		{"corrupt cert", func(t *testing.T, dir string) { write(t, dir, caCertFile, []byte("not a pem\n"), 0o644) }, "not one PEM CERTIFICATE"},
-		{"corrupt key", func(t *testing.T, dir string) { write(t, dir, caKeyFile, []byte("-----BEGIN EC PRIVATE KEY-----\nAAAA\n-----END EC PRIVATE KEY-----\n"), 0o600) }, "key does not parse"},
+		{"corrupt key", func(t *testing.T, dir string) {
+			write(t, dir, caKeyFile, []byte("-----BEGIN EC PRIVATE KEY-----\nAAAA\n-----END EC PRIVATE KEY-----\n"), 0o600)
+		}, "key does not parse"},
 		{"another CA's key", func(t *testing.T, dir string) { write(t, dir, caKeyFile, otherKey, 0o600) }, "not the certificate's"},
 		{"key missing", func(t *testing.T, dir string) { os.Remove(filepath.Join(dir, caKeyFile)) }, "is not; sandboxes may trust"},
 		{"key readable by others", func(t *testing.T, dir string) { os.Chmod(filepath.Join(dir, caKeyFile), 0o644) }, "others could read"},

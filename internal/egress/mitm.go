@@ -156,14 +156,15 @@ func (r *runSecrets) serveMITM(client net.Conn, host string, port int, dial func
 // fine) and blocks Go's default User-Agent being added.
 func checkInTunnel(req *http.Request, host string, port int) string {
 	where := hostPort(host, port)
+	if req.Method == http.MethodConnect {
+		return "a CONNECT inside the tunnel to " + where
+	}
+	// An absolute target's host is req.Host too (net/http puts it there).
 	if !hostHeaderNames(req.Host, host, port) {
 		return fmt.Sprintf("the Host %q inside the tunnel to %s is another host", req.Host, where)
 	}
 	if req.URL.Host != "" && !hostHeaderNames(req.URL.Host, host, port) {
 		return fmt.Sprintf("the request target %q inside the tunnel to %s is another host", req.URL.Host, where)
-	}
-	if req.Method == http.MethodConnect {
-		return "a CONNECT inside the tunnel to " + where
 	}
 	if up := req.Header.Get("Upgrade"); up != "" {
 		if !strings.EqualFold(up, "h2c") {
