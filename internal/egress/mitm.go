@@ -54,8 +54,9 @@ var errRefused = errors.New("refused")
 // returned error wraps errRefused. serveMITM returns nil when the sandbox
 // or the upstream ended the exchange cleanly, and closes client and the
 // upstream connection on return. No error it returns holds a real value.
-func (r *runSecrets) serveMITM(client net.Conn, host string, port int, dial func() (net.Conn, error), a *authority, roots *x509.CertPool, decide func(req *http.Request) (refusal string)) error {
+func (r *runSecrets) serveMITM(client net.Conn, host string, port int, dial func() (net.Conn, error), a *authority, roots *x509.CertPool, decide func(req *http.Request) (refusal string)) (err error) {
 	defer client.Close()
+	defer func() { err = r.hideErr(err) }() // an error may quote what the upstream sent
 	where := hostPort(host, port)
 	cert, err := a.leaf(host)
 	if err != nil {
@@ -137,7 +138,8 @@ func (r *runSecrets) serveMITM(client net.Conn, host string, port int, dial func
 			writeStatus(tc, http.StatusBadGateway, "moat egress: bad response from "+where)
 			return fmt.Errorf("egress: %s: reading the response: %w", where, err)
 		}
-		r.scrub(resp.Header, host, port)
+		r.scrub(resp.Header)
+		resp.Status = r.hide(resp.Status)
 		err = resp.Write(tc)
 		resp.Body.Close()
 		if err != nil {

@@ -46,7 +46,20 @@ func newUpstream(t *testing.T) *testUpstream {
 		u.mu.Lock()
 		u.seen = append(u.seen, seenRequest{r.Header.Clone(), r.RequestURI, r.Host, r.RemoteAddr, string(body)})
 		u.mu.Unlock()
-		if e := r.Header.Get("X-Echo"); e != "" {
+		e := r.Header.Get("X-Echo")
+		switch r.URL.Path {
+		case "/echo-status", "/echo-garbage": // a hostile or broken upstream
+			c, bw, _ := w.(http.Hijacker).Hijack()
+			defer c.Close()
+			if r.URL.Path == "/echo-status" {
+				fmt.Fprintf(bw, "HTTP/1.1 200 %s\r\nContent-Length: 2\r\n\r\nok", e)
+			} else {
+				fmt.Fprintf(bw, "garbage%s\r\n\r\n", e)
+			}
+			bw.Flush()
+			return
+		}
+		if e != "" {
 			w.Header().Set("X-Echoed", e)
 		}
 		fmt.Fprint(w, "ok")
@@ -375,5 +388,39 @@ func TestMITMUpstreamVerified(t *testing.T) {
 	}
 	if n := len(up.requests()); n != 0 {
 		t.Errorf("upstream got %d requests", n)
+	}
+}
+
+// TestMITMUpstreamEchoHidden: what a hostile upstream echoes of a real
+// value in a status line reaches neither the sandbox nor serveMITM's
+// error (which the proxy logs).
+func TestMITMUpstreamEchoHidden(t *testing.T) {
+	r := testSecrets(t).forRun()
+	api := placeholders(r)["API_KEY"]
+	for _, path := range []string{"/echo-status", "/echo-garbage"} {
+		t.Run(path, func(t *testing.T) {
+			up := newUpstream(t)
+			tn, err := openTunnel(t, r, up, mitmOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, body := tn.send(t, "GET "+path+" HTTP/1.1\r\nHost: example.com\r\nX-Echo: "+api+"\r\n\r\n")
+			assertNoValue(t, "status", resp.Status)
+			assertNoValue(t, "body", body)
+			err = tn.end(t)
+			if path == "/echo-status" {
+				if !strings.Contains(resp.Status, api) {
+					t.Errorf("status %q: want the value turned back into the placeholder", resp.Status)
+				}
+				return
+			}
+			if resp.StatusCode != http.StatusBadGateway || err == nil {
+				t.Fatalf("garbage from the upstream: %s, %v; want 502 and an error", resp.Status, err)
+			}
+			assertNoValue(t, "error", err.Error())
+			if !strings.Contains(err.Error(), "garbage"+api) {
+				t.Errorf("error %q: want what the upstream sent, with the placeholder", err)
+			}
+		})
 	}
 }

@@ -195,22 +195,48 @@ func (r *runSecrets) rewrite(req *http.Request, host string, port int) (refusal 
 	return ""
 }
 
-// scrub replaces the real values of the secrets whose Hosts match
-// host:port with their placeholders in h, a response's header on its way
-// back to the sandbox: a host that echoes a request header does not hand
-// the code the value. (Bodies are not scrubbed.)
-func (r *runSecrets) scrub(h http.Header, host string, port int) {
+// hide replaces every secret's real value in s with its placeholder: for
+// text that came from an upstream (a response's header, an error quoting
+// what the upstream sent) on its way to the sandbox or to moat's logs.
+func (r *runSecrets) hide(s string) string {
 	for i := range r.set.secrets {
-		s := &r.set.secrets[i]
-		if !s.matches(host, port) {
-			continue
-		}
-		for _, vs := range h {
-			for j, v := range vs {
-				vs[j] = strings.ReplaceAll(v, s.value, r.placeholders[i])
-			}
+		s = strings.ReplaceAll(s, r.set.secrets[i].value, r.placeholders[i])
+	}
+	return s
+}
+
+// scrub hides the secrets' real values in h, a response's header on its
+// way back to the sandbox: a host that echoes a request header does not
+// hand the code the value. (Bodies are not scrubbed.)
+func (r *runSecrets) scrub(h http.Header) {
+	for _, vs := range h {
+		for j, v := range vs {
+			vs[j] = r.hide(v)
 		}
 	}
+}
+
+// hiddenError is an error whose text has the secrets' values hidden; it
+// unwraps to the error it hides (whose own text may hold them: print the
+// hiddenError, not what it wraps).
+type hiddenError struct {
+	msg string
+	err error
+}
+
+func (e *hiddenError) Error() string { return e.msg }
+func (e *hiddenError) Unwrap() error { return e.err }
+
+// hideErr returns err with the secrets' values hidden in its text; nil
+// stays nil.
+func (r *runSecrets) hideErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	if msg := err.Error(); r.hide(msg) != msg {
+		return &hiddenError{msg: r.hide(msg), err: err}
+	}
+	return err
 }
 
 // hostPort is host:port for messages.
