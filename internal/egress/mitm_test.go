@@ -198,14 +198,16 @@ func TestMITMSecretReachesUpstream(t *testing.T) {
 		t.Errorf("the echoed header came back as %q, want the placeholder", got)
 	}
 	// A second request on the same tunnel, with a body and Expect.
-	resp, body = tn.send(t, "POST /upload HTTP/1.1\r\nHost: example.com:443\r\nAuthorization: Bearer "+api+"\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\nhello")
+	resp, _ = tn.send(t, "POST /upload HTTP/1.1\r\nHost: example.com:443\r\nAuthorization: Bearer "+api+"\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\nhello")
 	if resp.StatusCode != 100 {
 		t.Fatalf("Expect: 100-continue got %s first", resp.Status)
 	}
 	if resp, err = http.ReadResponse(tn.br, nil); err != nil || resp.StatusCode != 200 {
 		t.Fatalf("after 100: %v %v", resp, err)
 	}
-	io.Copy(io.Discard, resp.Body)
+	if b, _ := io.ReadAll(resp.Body); string(b) != "ok" {
+		t.Errorf("body after 100: %q", b)
+	}
 	if err := tn.end(t); err != nil {
 		t.Errorf("serveMITM: %v", err)
 	}
