@@ -85,6 +85,7 @@ func (r *runSecrets) serveMITM(client net.Conn, host string, port int, dial func
 	}()
 	lr := &io.LimitedReader{R: tc, N: maxRequestHead}
 	br := bufio.NewReader(lr)
+	bw := bufio.NewWriterSize(tc, 16<<10) // empty between responses
 	for {
 		lr.N = maxRequestHead
 		if _, err := br.Peek(1); err != nil {
@@ -133,15 +134,20 @@ func (r *runSecrets) serveMITM(client net.Conn, host string, port int, dial func
 		}
 		req.Header = nil // the real values: drop them as soon as they are sent
 
-		resp, err := readResponse(up.br, req, tc)
+		resp, err := readResponse(up.br, req, bw)
 		if err != nil {
 			writeStatus(tc, http.StatusBadGateway, "moat egress: bad response from "+where)
 			return fmt.Errorf("egress: %s: reading the response: %w", where, err)
 		}
 		r.scrub(resp.Header)
 		resp.Status = r.hide(resp.Status)
-		err = resp.Write(tc)
-		resp.Body.Close()
+		body := resp.Body
+		resp.Body = &flushingBody{ReadCloser: body, upstream: up.br, sandbox: bw}
+		err = resp.Write(bw)
+		if err == nil {
+			err = bw.Flush()
+		}
+		body.Close()
 		if err != nil {
 			return fmt.Errorf("egress: %s: sending the response to the sandbox: %w", where, err)
 		}
@@ -233,7 +239,7 @@ func dialUpstream(dial func() (net.Conn, error), host string, roots *x509.CertPo
 // readResponse reads the upstream's response to req, passing any
 // informational (1xx) responses before it to the sandbox. A 101 is an
 // error: checkInTunnel let no upgrade through.
-func readResponse(br *bufio.Reader, req *http.Request, sandbox io.Writer) (*http.Response, error) {
+func readResponse(br *bufio.Reader, req *http.Request, sandbox *bufio.Writer) (*http.Response, error) {
 	for {
 		resp, err := http.ReadResponse(br, req)
 		if err != nil {
@@ -246,10 +252,32 @@ func readResponse(br *bufio.Reader, req *http.Request, sandbox io.Writer) (*http
 			if err := resp.Write(sandbox); err != nil {
 				return nil, err
 			}
+			if err := sandbox.Flush(); err != nil {
+				return nil, err
+			}
 		default:
 			return resp, nil
 		}
 	}
+}
+
+// flushingBody is a response's body on its way to the sandbox through a
+// buffer: what is buffered goes out before each read that would wait for
+// the upstream, so a streamed response (server-sent events) streams, and
+// a response that is all there goes out in few TLS records.
+type flushingBody struct {
+	io.ReadCloser
+	upstream *bufio.Reader
+	sandbox  *bufio.Writer
+}
+
+func (b *flushingBody) Read(p []byte) (int, error) {
+	if b.upstream.Buffered() == 0 {
+		if err := b.sandbox.Flush(); err != nil {
+			return 0, err
+		}
+	}
+	return b.ReadCloser.Read(p)
 }
 
 // handshake runs c's TLS handshake within tlsHandshakeTimeout.

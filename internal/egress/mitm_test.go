@@ -38,7 +38,7 @@ type testUpstream struct {
 	seen  []seenRequest
 }
 
-func newUpstream(t *testing.T) *testUpstream {
+func newUpstream(t testing.TB) *testUpstream {
 	t.Helper()
 	u := &testUpstream{}
 	u.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -101,7 +101,7 @@ type mitmOptions struct {
 
 // openTunnel runs serveMITM on one end of a loopback TCP pair and
 // returns the other end, after the TLS handshake, or with handshakeErr.
-func openTunnel(t *testing.T, r *runSecrets, up *testUpstream, o mitmOptions) (tn *tunnel, handshakeErr error) {
+func openTunnel(t testing.TB, r *runSecrets, up *testUpstream, o mitmOptions) (tn *tunnel, handshakeErr error) {
 	t.Helper()
 	if o.host == "" {
 		o.host = "example.com"
@@ -424,5 +424,45 @@ func TestMITMUpstreamEchoHidden(t *testing.T) {
 				t.Errorf("error %q: want what the upstream sent, with the placeholder", err)
 			}
 		})
+	}
+}
+
+// BenchmarkMITMRequest is one keep-alive request with a secret through an
+// intercepted tunnel; BenchmarkDirectRequest the same request straight to
+// the upstream. Their ratio is serveMITM's added cost per request.
+func BenchmarkMITMRequest(b *testing.B) {
+	up := newUpstream(b)
+	r := testSecrets(b).forRun()
+	tn, err := openTunnel(b, r, up, mitmOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer tn.conn.Close()
+	req := "GET / HTTP/1.1\r\nHost: example.com\r\nAuthorization: Bearer " + placeholders(r)["API_KEY"] + "\r\n\r\n"
+	benchRequests(b, tn.conn, tn.br, req)
+}
+
+func BenchmarkDirectRequest(b *testing.B) {
+	up := newUpstream(b)
+	c, err := tls.Dial("tcp", up.srv.Listener.Addr().String(), &tls.Config{RootCAs: up.roots, ServerName: "example.com"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	benchRequests(b, c, bufio.NewReader(c), "GET / HTTP/1.1\r\nHost: example.com\r\nAuthorization: Bearer "+realAPI+"\r\n\r\n")
+}
+
+func benchRequests(b *testing.B, c net.Conn, br *bufio.Reader, req string) {
+	c.SetDeadline(time.Time{})
+	for b.Loop() {
+		if _, err := io.WriteString(c, req); err != nil {
+			b.Fatal(err)
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
 	}
 }

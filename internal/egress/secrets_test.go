@@ -25,7 +25,7 @@ func testEnv(m map[string]string) func(string) string {
 
 // testSecrets: API_KEY goes to example.com (443 and 80), OTHER_KEY (in the
 // URL too) to other.test:8443 and *.other.test.
-func testSecrets(t *testing.T) *secretSet {
+func testSecrets(t testing.TB) *secretSet {
 	t.Helper()
 	s, err := newSecretSet(moat.Egress{
 		Network: &moat.Network{Allow: []string{"example.com", "other.test:8443", "*.other.test"}},
