@@ -36,11 +36,13 @@ type testUpstream struct {
 	roots *x509.CertPool
 	mu    sync.Mutex
 	seen  []seenRequest
+	// release lets /stream send its second event.
+	release chan struct{}
 }
 
 func newUpstream(t testing.TB) *testUpstream {
 	t.Helper()
-	u := &testUpstream{}
+	u := &testUpstream{release: make(chan struct{})}
 	u.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		u.mu.Lock()
@@ -48,6 +50,12 @@ func newUpstream(t testing.TB) *testUpstream {
 		u.mu.Unlock()
 		e := r.Header.Get("X-Echo")
 		switch r.URL.Path {
+		case "/stream": // the first event, then the second once the client saw it
+			fmt.Fprint(w, "event one\n")
+			w.(http.Flusher).Flush()
+			<-u.release
+			fmt.Fprint(w, "event two\n")
+			return
 		case "/echo-status", "/echo-garbage": // a hostile or broken upstream
 			c, bw, _ := w.(http.Hijacker).Hijack()
 			defer c.Close()
@@ -465,4 +473,31 @@ func benchRequests(b *testing.B, c net.Conn, br *bufio.Reader, req string) {
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 	}
+}
+
+// TestMITMStreams: a streamed response reaches the sandbox as it comes,
+// not when it ends (the upstream sends its second event only after the
+// sandbox got the first).
+func TestMITMStreams(t *testing.T) {
+	up := newUpstream(t)
+	tn, err := openTunnel(t, testSecrets(t).forRun(), up, mitmOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(tn.conn, "GET /stream HTTP/1.1\r\nHost: example.com\r\n\r\n")
+	resp, err := http.ReadResponse(tn.br, nil)
+	if err != nil {
+		close(up.release)
+		t.Fatal(err)
+	}
+	first := bufio.NewReader(resp.Body)
+	line, err := first.ReadString('\n')
+	close(up.release)
+	if err != nil || line != "event one\n" {
+		t.Fatalf("first event %q, %v", line, err)
+	}
+	if rest, _ := io.ReadAll(first); string(rest) != "event two\n" {
+		t.Errorf("second event %q", rest)
+	}
+	tn.end(t)
 }
