@@ -555,7 +555,10 @@ func TestNetworkEgressSetup(t *testing.T) {
 		t.Errorf("left after Close: %v", left)
 	}
 
-	_, err = subprocess.New(subprocess.Config{Egress: p, Hardening: subprocess.HardeningTutorial})
+	tut, err := subprocess.New(subprocess.Config{Egress: p, Hardening: subprocess.HardeningTutorial})
+	if err == nil {
+		tut.Close()
+	}
 	if !errors.Is(err, moat.ErrUnavailable) {
 		t.Errorf("New with Egress and tutorial hardening: %v, want an error wrapping ErrUnavailable", err)
 	}
