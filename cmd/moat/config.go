@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"reflect"
 	"regexp"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/container"
 	"github.com/moatsandbox/moat/gvisor"
+	"github.com/moatsandbox/moat/internal/egress"
 	"github.com/moatsandbox/moat/microvm"
 	"github.com/moatsandbox/moat/server"
 	"github.com/moatsandbox/moat/subprocess"
@@ -49,6 +51,13 @@ type fileConfig struct {
 	// secrets) that moat serve's sessions and runs ask for by name, and
 	// that each token may use only when its network_profiles list it.
 	NetworkProfiles map[string]moat.Egress `json:"network_profiles,omitempty"`
+
+	// proxyConfig, when set, is the egress proxy of every sandbox opened
+	// from this config, in place of Network and Secrets: the attack
+	// harness's own policy. Not read from the file.
+	proxyConfig *egress.Config
+	// logger gets the egress proxy's decisions. Nil means discard.
+	logger *slog.Logger
 }
 
 // toolSection is what moat mcp and moat agent read from their sections: how

@@ -167,11 +167,21 @@ func levelTable() []levelEntry {
 			open: func(ctx context.Context, fc fileConfig) (moat.Sandbox, error) {
 				cfg := fc.Subprocess
 				cfg.Limits = fc.Limits
+				p, err := fc.proxy()
+				if err != nil {
+					return nil, err
+				}
+				cfg.Egress = p
 				return subprocess.New(cfg)
 			},
 			check: func(ctx context.Context, fc fileConfig) moat.Availability {
 				cfg := fc.Subprocess
 				cfg.Limits = fc.Limits
+				p, err := fc.proxy()
+				if err != nil {
+					return moat.Unavailable(moat.LevelSubprocess, err)
+				}
+				cfg.Egress = p
 				return subprocess.Check(ctx, cfg)
 			},
 			claims: func(fc fileConfig, a attack.Name) bool {
