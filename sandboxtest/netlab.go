@@ -14,6 +14,8 @@ import (
 	"encoding/hex"
 	"encoding/pem"
 	"fmt"
+	"io"
+	"log"
 	"math/big"
 	"net"
 	"net/http"
@@ -85,6 +87,8 @@ func newUpstreams(t *testing.T) *upstreams {
 
 	u.https = httptest.NewUnstartedServer(u.handler("https"))
 	u.https.Config.ConnState = u.connState
+	// A refused handshake is a finding of the checks, not noise in the log.
+	u.https.Config.ErrorLog = log.New(io.Discard, "", 0)
 	u.https.TLS = &tls.Config{
 		Certificates: []tls.Certificate{leaf},
 		GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
