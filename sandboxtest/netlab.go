@@ -59,7 +59,7 @@ type upstreams struct {
 	pkg pyPackage // the wheel the index serves
 
 	mu       sync.Mutex
-	conns    int      // TCP connections accepted by either server
+	conns    int // TCP connections accepted by either server
 	requests []request
 	hellos   []string // SNI of every ClientHello the TLS server got ("" for none)
 	packets  int      // UDP datagrams received
