@@ -3,6 +3,7 @@ package sandboxtest
 import (
 	"archive/zip"
 	"bytes"
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -11,6 +12,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/pem"
 	"fmt"
@@ -20,6 +22,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -66,7 +70,7 @@ type upstreams struct {
 }
 
 // testNames are the names the suite's certificate covers.
-var testNames = []string{"api.test", "other.test", "pypi.test", "unlisted.test", "localhost"}
+var testNames = []string{"api.test", "other.test", "pypi.test", "unlisted.test", "localhost", "rebind.test", "rebind6.test"}
 
 // newUpstreams starts the servers on 127.0.0.1; t's cleanup stops them.
 func newUpstreams(t *testing.T) *upstreams {
@@ -328,4 +332,124 @@ func (p pyPackage) index() http.Handler {
 		w.Write(p.Wheel)
 	})
 	return mux
+}
+
+// nameServer is the DNS server the proxy's resolver asks (the suite sets
+// egress.Config.Resolver to it): it answers the names of answers, which
+// are allowed but not pinned by Resolve and resolve to loopback (a
+// rebinding), says every other name does not exist, and records every
+// name asked, so that the suite can check the proxy resolves allowed names
+// only.
+type nameServer struct {
+	conn    *net.UDPConn
+	answers map[string]netip.Addr // lower-case name without the dot -> its one address
+
+	mu    sync.Mutex
+	asked []string
+}
+
+func newNameServer(t *testing.T, answers map[string]netip.Addr) *nameServer {
+	t.Helper()
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatalf("sandboxtest: the proxy's name server: %v", err)
+	}
+	ns := &nameServer{conn: c, answers: answers}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 1500)
+		for {
+			n, from, err := c.ReadFromUDP(buf)
+			if err != nil {
+				return
+			}
+			if reply := ns.answer(buf[:n]); reply != nil {
+				c.WriteToUDP(reply, from)
+			}
+		}
+	}()
+	t.Cleanup(func() { c.Close(); <-done })
+	return ns
+}
+
+// resolver is a *net.Resolver that asks ns and nothing else.
+func (ns *nameServer) resolver() *net.Resolver {
+	addr := ns.conn.LocalAddr().String()
+	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "udp4", addr)
+	}}
+}
+
+// names returns the names asked so far.
+func (ns *nameServer) names() []string {
+	ns.mu.Lock()
+	defer ns.mu.Unlock()
+	return slices.Clone(ns.asked)
+}
+
+// answer builds the reply to one query, or nil for a packet that is not
+// one: the header, the question as asked, and an A or AAAA record when the
+// name has an address of that family.
+func (ns *nameServer) answer(q []byte) []byte {
+	if len(q) < 12 || q[2]&0x80 != 0 || binary.BigEndian.Uint16(q[4:]) != 1 {
+		return nil
+	}
+	var labels []string
+	i := 12
+	for {
+		if i >= len(q) {
+			return nil
+		}
+		l := int(q[i])
+		i++
+		if l == 0 {
+			break
+		}
+		if l > 63 || i+l > len(q) {
+			return nil
+		}
+		labels = append(labels, string(q[i:i+l]))
+		i += l
+	}
+	if i+4 > len(q) {
+		return nil
+	}
+	qtype := binary.BigEndian.Uint16(q[i:])
+	question := q[12 : i+4]
+	name := strings.ToLower(strings.Join(labels, "."))
+	ns.mu.Lock()
+	ns.asked = append(ns.asked, name)
+	ns.mu.Unlock()
+
+	addr, known := ns.answers[name]
+	var rdata []byte
+	switch {
+	case known && qtype == 1 && addr.Is4():
+		rdata = addr.AsSlice()
+	case known && qtype == 28 && addr.Is6():
+		rdata = addr.AsSlice()
+	}
+	r := make([]byte, 12, 12+len(question)+16+len(rdata))
+	copy(r, q[:2])
+	flags := uint16(0x8180) // a response, recursion desired and available
+	if !known {
+		flags |= 3 // NXDOMAIN
+	}
+	binary.BigEndian.PutUint16(r[2:], flags)
+	binary.BigEndian.PutUint16(r[4:], 1)
+	if rdata != nil {
+		binary.BigEndian.PutUint16(r[6:], 1)
+	}
+	r = append(r, question...)
+	if rdata != nil {
+		r = append(r, 0xc0, 12) // the name: a pointer to the question's
+		r = binary.BigEndian.AppendUint16(r, qtype)
+		r = binary.BigEndian.AppendUint16(r, 1) // IN
+		r = binary.BigEndian.AppendUint32(r, 5) // TTL
+		r = binary.BigEndian.AppendUint16(r, uint16(len(rdata)))
+		r = append(r, rdata...)
+	}
+	return r
 }

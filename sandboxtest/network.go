@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"slices"
@@ -76,9 +77,10 @@ type NetworkOptions struct {
 // wheel it builds, and a UDP listener. The names api.test, other.test,
 // pypi.test and unlisted.test are pinned to 127.0.0.1 with
 // Network.Resolve; api.test, other.test and pypi.test are allowed at the
-// servers' ports, and localhost too (which Resolve does not pin, so the
-// proxy must refuse it for resolving to loopback). The secret API_KEY goes
-// to api.test.
+// servers' ports, and so are localhost, rebind.test and rebind6.test,
+// which Resolve does not pin and the suite's own name server (the proxy's
+// egress.Config.Resolver) answers with loopback addresses, so that the
+// proxy must refuse them. The secret API_KEY goes to api.test.
 //
 // Then, one subtest each, judged by what the upstreams recorded and by the
 // proxy's notes in Result.Notes, the code's own report only where the host
@@ -92,8 +94,11 @@ type NetworkOptions struct {
 //     the environment's proxy; the default SSL context, which honours
 //     SSL_CERT_FILE) arrive at the upstreams, and the notes say allowed.
 //   - Refused/Unlisted, Refused/DirectIP, Refused/LoopbackName: a name not
-//     allowed (though pinned), 127.0.0.1 itself, and localhost (allowed,
-//     not pinned): refused, and the upstreams saw no connection at all.
+//     allowed (though pinned), 127.0.0.1 and ::1 themselves, and names
+//     allowed but not pinned that the proxy's resolver answers with
+//     loopback (localhost, rebind.test: 127.0.0.1; rebind6.test:
+//     ::ffff:127.0.0.1): refused, the notes say denied, and the upstreams
+//     saw no connection at all.
 //   - Refused/DNS: getaddrinfo of the allowed names fails; DNS queries over
 //     UDP and TCP to 127.0.0.53, 127.0.0.1 and DNS get no answer; UDP to
 //     the suite's listener (at 127.0.0.1 and HostAddrs) never arrives.
@@ -113,6 +118,8 @@ type NetworkOptions struct {
 //     --target DIR of the suite's wheel succeeds and the module imports,
 //     printing a value that is only in the wheel; the index saw the
 //     wheel fetched. A missing pip is a failure.
+//   - Refused/Lookups: the proxy's resolver was asked only for names the
+//     policy allows and Resolve does not pin.
 //   - NoNetwork: a sandbox built with a nil proxy has no proxy variables,
 //     cannot connect to ProxyURL's address, the upstreams' ports or the
 //     UDP listener, and the upstreams saw nothing.
@@ -152,16 +159,12 @@ func TestNetwork(t *testing.T, factory NetworkFactory, opts NetworkOptions) {
 	t.Cleanup(closeSandbox)
 	lab.sb = sb
 
+	// The subtests share one sandbox, which may keep processes ready
+	// between runs: what is left is checked once, after it is closed.
 	for _, c := range networkCases {
-		t.Run(c.name, func(t *testing.T) {
-			t.Cleanup(func() { s.checkNothingLeft(t) })
-			c.fn(t, lab)
-		})
+		t.Run(c.name, func(t *testing.T) { c.fn(t, lab) })
 	}
-	t.Run("NoNetwork", func(t *testing.T) {
-		t.Cleanup(func() { s.checkNothingLeft(t) })
-		testNoNetwork(t, lab, factory)
-	})
+	t.Run("NoNetwork", func(t *testing.T) { testNoNetwork(t, lab, factory) })
 	t.Run("NoLeaks", func(t *testing.T) {
 		closeSandbox()
 		lab.close()
@@ -187,12 +190,22 @@ func closeWithin(sb moat.Sandbox, d time.Duration) error {
 type netLab struct {
 	opts     NetworkOptions
 	up       *upstreams
+	dns      *nameServer // the proxy's resolver
 	proxy    *egress.Proxy
 	sb       moat.Sandbox
 	secret   string // the real value of API_KEY, which no run may see
 	logs     *syncBuffer
 	registry *prometheus.Registry
 	close    func() // stops the proxy and the upstreams; idempotent
+}
+
+// rebinding are the names the proxy's name server answers: allowed, not
+// pinned by Resolve, and resolving to loopback, which the proxy must
+// refuse. Every other name it is asked does not exist.
+var rebinding = map[string]netip.Addr{
+	"localhost":    netip.MustParseAddr("127.0.0.1"),
+	"rebind.test":  netip.MustParseAddr("127.0.0.1"),
+	"rebind6.test": netip.MustParseAddr("::ffff:127.0.0.1"),
 }
 
 // The secret the suite configures.
@@ -206,6 +219,7 @@ func newNetLab(t *testing.T, opts NetworkOptions) *netLab {
 	up := newUpstreams(t)
 	hp, tp := strconv.Itoa(port(up.http)), strconv.Itoa(port(up.https))
 	n := &netLab{opts: opts, up: up, secret: token("real-secret-"), logs: &syncBuffer{}, registry: prometheus.NewRegistry()}
+	n.dns = newNameServer(t, rebinding)
 	env := map[string]string{secretEnv: n.secret}
 	e := moat.Egress{
 		Network: &moat.Network{
@@ -214,6 +228,8 @@ func newNetLab(t *testing.T, opts NetworkOptions) *netLab {
 				"other.test:" + hp, "other.test:" + tp,
 				"pypi.test:" + hp,
 				"localhost:" + hp, "localhost:" + tp,
+				"rebind.test:" + hp, "rebind.test:" + tp,
+				"rebind6.test:" + hp, "rebind6.test:" + tp,
 			},
 			Resolve: map[string]string{
 				"api.test": "127.0.0.1", "other.test": "127.0.0.1",
@@ -232,6 +248,7 @@ func newNetLab(t *testing.T, opts NetworkOptions) *netLab {
 		Getenv:     func(k string) string { return env[k] },
 		CADir:      t.TempDir(),
 		Roots:      up.roots,
+		Resolver:   n.dns.resolver(),
 		Logger:     slog.New(slog.NewTextHandler(n.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Registerer: n.registry,
 	})
@@ -246,6 +263,7 @@ func newNetLab(t *testing.T, opts NetworkOptions) *netLab {
 		up.http.Close()
 		up.https.Close()
 		up.udp.Close()
+		n.dns.conn.Close()
 	})
 	t.Cleanup(n.close)
 	return n
@@ -444,6 +462,7 @@ var networkCases = []netCase{
 	{"Secret/ToItsHost", testNetSecret},
 	{"Secret/Elsewhere", testNetSecretElsewhere},
 	{"Pip", testNetPip},
+	{"Refused/Lookups", testNetLookups},
 }
 
 func testNetEnv(t *testing.T, n *netLab) {
@@ -573,11 +592,26 @@ print(json.dumps({
 
 func testNetLoopbackName(t *testing.T, n *netLab) {
 	n.refused(t, `
-print(json.dumps({
-    "http": fetch("http://localhost:%d/localhost" % CFG["http"]),
-    "https": fetch("https://localhost:%d/localhost" % CFG["https"], ctx=test_ctx()),
-}))
-`, "localhost")
+res = {}
+for name in ("localhost", "rebind.test", "rebind6.test"):
+    res[name + " http"] = fetch("http://%s:%d/rebind" % (name, CFG["http"]))
+    res[name + " https"] = fetch("https://%s:%d/rebind" % (name, CFG["https"]), ctx=test_ctx())
+print(json.dumps(res))
+`, "localhost", "rebind.test", "rebind6.test")
+	if asked := n.dns.names(); !slices.Contains(asked, "rebind.test") {
+		t.Errorf("the proxy never asked its resolver (egress.Config.Resolver) for rebind.test: it asked %q", asked)
+	}
+}
+
+// testNetLookups checks, after every probe, that the proxy looked up only
+// names the policy allows and Resolve does not pin: never unlisted.test,
+// the names the code gave its own resolver, or a pinned name.
+func testNetLookups(t *testing.T, n *netLab) {
+	for _, name := range n.dns.names() {
+		if _, ok := rebinding[name]; !ok {
+			t.Errorf("the proxy looked up %q, which the policy does not allow or Resolve pins", name)
+		}
+	}
 }
 
 func testNetDNS(t *testing.T, n *netLab) {
@@ -596,7 +630,7 @@ for a in CFG["hostAddrs"]:
     res["udp"][a] = udp(a, CFG["udp"], dns_query("api.test"))
 print(json.dumps(res))
 `)
-	if got := n.up.since(m); got.packets > 0 || !got.nothing() {
+	if got := n.up.since(m); !got.nothing() {
 		t.Errorf("the upstreams saw %s, want nothing (the UDP listener at 127.0.0.1:%d must hear nothing)", got, n.up.udpPort())
 	}
 	for name, v := range asMap(out["getaddrinfo"]) {
