@@ -112,6 +112,7 @@ import (
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/image"
+	"github.com/moatsandbox/moat/internal/egress"
 	"github.com/moatsandbox/moat/internal/engine"
 	"github.com/moatsandbox/moat/internal/uidpool"
 )
@@ -170,6 +171,12 @@ type Config struct {
 	SessionCPUTime moat.Duration `json:"session_cpu_time,omitempty"`
 	// Logger receives debug logs. Nil means discard.
 	Logger *slog.Logger `json:"-"`
+	// Egress is the egress proxy the code reaches, and nothing else (see
+	// network.go): each container, or session, gets a listener of the
+	// proxy inside its own network namespace and the proxy's environment.
+	// It needs moat to be root on the engine's host. Nil means no network
+	// at all, as without it.
+	Egress *egress.Proxy `json:"-"`
 }
 
 // withDefaults fills the zero fields and checks the result.
@@ -235,6 +242,14 @@ var (
 	_ engine.SessionBackend = (*backend)(nil)
 )
 
+var _ moat.Describer = (*Sandbox)(nil)
+
+// Describe says which runtime runs the containers and how they reach the
+// network; see moat.Describer.
+func (s *Sandbox) Describe() string {
+	return "runtime " + s.b.spec.runtime + ", containers created ahead of runs; " + s.b.netDescribe()
+}
+
 // backend is the container level under the engine: it prepares containers
 // (instance), starts the code in them (process) and keeps sessions
 // (session).
@@ -260,6 +275,10 @@ type backend struct {
 	// lastFilters is the number of filters the last run's init ran under;
 	// the probe reads it.
 	lastFilters atomic.Int64
+	// egress is the proxy the containers reach, nil for no network;
+	// newRun makes each container's or session's run of it.
+	egress *egress.Proxy
+	newRun func(*egress.Proxy) egressRun
 
 	// The client is closed once the engine closed the backend and the last
 	// session is closed: sessions outlive their Sandbox.
@@ -347,9 +366,18 @@ func newBackend(cfg Config, cli *client.Client, eng *daemon) (*backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("container: %w", err)
 	}
-	prof, err := newProfile()
+	if cfg.Egress != nil && os.Geteuid() != 0 {
+		return nil, unavailable("a container with network needs moat to be root: moat places its egress proxy inside each container's network namespace", "run moat as root, or give no network", nil)
+	}
+	prof, err := newProfile(cfg.Egress != nil)
 	if err != nil {
 		return nil, err
+	}
+	var caHost string
+	if cfg.Egress != nil {
+		if caHost, err = writeCABundle(cfg.Egress.CABundle()); err != nil {
+			return nil, unavailable("moat cannot write the egress proxy's CA bundle for its containers", "", err)
+		}
 	}
 	uids, err := uidpool.New(cfg.UIDFirst, cfg.UIDCount, uidLockDir())
 	if err != nil {
@@ -362,12 +390,14 @@ func newBackend(cfg Config, cli *client.Client, eng *daemon) (*backend, error) {
 	return &backend{
 		cli:        cli,
 		kmsg:       kernelLog(),
-		spec:       newSpec(cfg, eng.runtime, owner, prof),
+		spec:       newSpec(cfg, eng.runtime, owner, prof, caHost),
 		log:        cfg.Logger,
 		watched:    os.Geteuid() == 0,
 		uids:       uids,
 		uidFirst:   cfg.UIDFirst,
 		sessionCPU: sessionCPU,
+		egress:     cfg.Egress,
+		newRun:     newEgressRun,
 	}, nil
 }
 
