@@ -247,7 +247,7 @@ var _ moat.Describer = (*Sandbox)(nil)
 // Describe says which runtime runs the containers and how they reach the
 // network; see moat.Describer.
 func (s *Sandbox) Describe() string {
-	return "runtime " + s.b.spec.runtime + ", containers created ahead of runs; " + s.b.netDescribe()
+	return "runtime " + s.b.spec.runtime + "; " + s.b.netDescribe()
 }
 
 // backend is the container level under the engine: it prepares containers
