@@ -5,7 +5,11 @@
 //
 // Every container is hardened, with no way to turn an item off:
 //
-//   - no network at all (network mode none, networking disabled);
+//   - no network at all (network mode none, networking disabled), unless
+//     Config.Egress names moat's egress proxy: then the container's own
+//     network namespace still holds only its loopback, where moat listens
+//     for the proxy at 127.0.0.1:3128, and the code reaches that listener
+//     and nothing else (see network.go);
 //   - a read-only root filesystem; the working directory (/work), /tmp and
 //     /dev/shm are tmpfs mounts (nosuid, nodev, noexec, inode-limited) whose
 //     sizes add up to Limits.Disk, so the disk limit covers every writable
@@ -23,7 +27,8 @@
 //   - moat's own seccomp profile (internal/seccomp's Docker), never the
 //     engine's default: an allow-list made from Moby's default less what
 //     moat's subprocess filter refuses and more (io_uring, every socket
-//     family but AF_UNIX, so no AF_VSOCK, whose ports are not namespaced;
+//     family but AF_UNIX, and AF_INET and AF_INET6 with Config.Egress, so
+//     no AF_VSOCK, whose ports are not namespaced;
 //     ptrace, userfaultfd, memfd_secret, keyrings, bpf, perf_event_open,
 //     the mount family, namespaces, clone3; only the native syscall
 //     convention). It is checked twice from the host: New runs a probe
@@ -32,8 +37,9 @@
 //     every run's init must run under as many seccomp filters as the
 //     probe's did (/proc/PID/status) before its code is written. Docker's
 //     default masked and read-only /proc paths stay;
-//   - private IPC, PID, UTS and cgroup namespaces; no host mounts of any
-//     kind, no Docker socket, no docker-init from the host;
+//   - private IPC, PID, UTS and cgroup namespaces; no host mounts (with
+//     Config.Egress only the proxy's CA bundle, a root-owned file bind
+//     mounted read-only), no Docker socket, no docker-init from the host;
 //   - the log driver "none": the output reaches moat and nothing else, never
 //     the host's disk;
 //   - an OOM score of 1000, so that a sandbox is the first to go when the

@@ -430,3 +430,19 @@ func TestNetworkCLIRefused(t *testing.T) {
 		t.Errorf("CLIArgs with an egress proxy: %v, want a refusal", err)
 	}
 }
+
+// TestNetworkCheck: the doctor's details say how a Sandbox with a proxy
+// confines its network, and the probe passes with the inet profile.
+func TestNetworkCheck(t *testing.T) {
+	needEngine(t)
+	a := moatcontainer.Check(context.Background(), moatcontainer.Config{Egress: newProxy(t)})
+	joined := strings.Join(a.Details, "\n")
+	if !a.Available || !strings.Contains(joined, "network: only moat's egress proxy") || !strings.Contains(joined, "socket(AF_INET) ok") {
+		t.Errorf("Check with an egress proxy: %+v", a)
+	}
+	a = moatcontainer.Check(context.Background(), moatcontainer.Config{})
+	joined = strings.Join(a.Details, "\n")
+	if !a.Available || !strings.Contains(joined, "network: none") || !strings.Contains(joined, "socket(AF_INET) EAFNOSUPPORT") {
+		t.Errorf("Check without a proxy: %+v", a)
+	}
+}
