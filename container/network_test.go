@@ -397,6 +397,9 @@ func TestNetworkSession(t *testing.T) {
 			hellos = append(hellos, hello)
 			res, err := ss.Run(context.Background(), moat.Request{Code: []byte(netProbe(hello))})
 			r := parseNet(t, where, res, err)
+			if env, _ := r["env"].(map[string]any); env["MOAT_TEST_TOKEN"] != fr.token || env["HTTP_PROXY"] != "http://127.0.0.1:3128" {
+				t.Errorf("%s: the code's environment %v is not the session's egress run's", where, env)
+			}
 			if got := r.s("proxy"); got != "read "+fr.token {
 				t.Errorf("%s: the code's connection to 127.0.0.1:3128: %q", where, got)
 			}
@@ -444,5 +447,29 @@ func TestNetworkCheck(t *testing.T) {
 	joined = strings.Join(a.Details, "\n")
 	if !a.Available || !strings.Contains(joined, "network: none") || !strings.Contains(joined, "socket(AF_INET) EAFNOSUPPORT") {
 		t.Errorf("Check without a proxy: %+v", a)
+	}
+}
+
+// BenchmarkRunEgress times print(1) through the level with an egress
+// proxy (its listener placed in each container), against BenchmarkRun.
+func BenchmarkRunEgress(b *testing.B) {
+	if err := prepareEngine(); err != nil {
+		b.Skip(err)
+	}
+	p, err := egress.New(egress.Config{Egress: moat.Egress{Network: &moat.Network{Allow: []string{"pypi.test"}}}, CADir: b.TempDir()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	sb, err := moatcontainer.New(moatcontainer.Config{Egress: p})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sb.Close()
+	for b.Loop() {
+		res, err := sb.Run(context.Background(), moat.Request{Code: []byte("print(1)")})
+		if err != nil || string(res.Stdout) != "1\n" {
+			b.Fatal(res, err)
+		}
 	}
 }
