@@ -197,10 +197,18 @@ func levelTable() []levelEntry {
 		{
 			level: moat.LevelContainer,
 			open: func(ctx context.Context, fc fileConfig) (moat.Sandbox, error) {
-				return container.New(fc.containerConfig())
+				cfg, err := fc.containerConfig()
+				if err != nil {
+					return nil, err
+				}
+				return container.New(cfg)
 			},
 			check: func(ctx context.Context, fc fileConfig) moat.Availability {
-				return container.Check(ctx, fc.containerConfig())
+				cfg, err := fc.containerConfig()
+				if err != nil {
+					return moat.Unavailable(moat.LevelContainer, err)
+				}
+				return container.Check(ctx, cfg)
 			},
 			claims: claimsAll,
 		},
@@ -233,10 +241,12 @@ func (fc fileConfig) microvmConfig() microvm.Config {
 	return cfg
 }
 
-func (fc fileConfig) containerConfig() container.Config {
+func (fc fileConfig) containerConfig() (container.Config, error) {
 	cfg := fc.Container
 	cfg.Limits = fc.Limits
-	return cfg
+	p, err := fc.proxy()
+	cfg.Egress = p
+	return cfg, err
 }
 
 func (fc fileConfig) gvisorConfig() gvisor.Config {
