@@ -2,6 +2,7 @@ package egress
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/x509"
 	"errors"
@@ -510,8 +511,8 @@ func (r *Run) connect(c net.Conn, br *bufio.Reader, req *http.Request) {
 		r.record(d)
 		return
 	}
-	client := &replayConn{Conn: c, r: io.MultiReader(strings.NewReader(string(hello)), br)}
 	if r.secrets.intercepts(d.host, port) {
+		client := &replayConn{Conn: c, r: io.MultiReader(bytes.NewReader(hello), br)}
 		r.record(d)
 		dial := func() (net.Conn, error) { return r.dial(d) }
 		if err := r.secrets.serveMITM(client, d.host, port, dial, r.p.ca, r.p.roots, func(in *http.Request) string { return r.decideInner(d, in) }); err != nil {
@@ -531,7 +532,7 @@ func (r *Run) connect(c net.Conn, br *bufio.Reader, req *http.Request) {
 	if _, err := up.Write(hello); err != nil {
 		return
 	}
-	splice(client, up)
+	splice(&replayConn{Conn: c, r: br}, up)
 }
 
 // decideInner decides one request inside an intercepted tunnel to d: its
