@@ -41,6 +41,9 @@ func TestRefusedAddr(t *testing.T) {
 		{"::ffff:10.0.0.1", true},
 		{"::ffff:169.254.169.254", true},
 		{"::127.0.0.1", true},
+		{"::ffff:100.64.0.1", true},
+		{"::ffff:0.1.2.3", true},
+		{"::ffff:240.0.0.1", true},
 		{"64:ff9b::a00:1", true},    // NAT64 of 10.0.0.1
 		{"2002:7f00:1::1", true},    // 6to4 of 127.0.0.1
 		{"172.32.0.1", false},       // just past 172.16/12
