@@ -40,7 +40,7 @@ type testUpstream struct {
 	release chan struct{}
 }
 
-func newUpstream(t testing.TB) *testUpstream {
+func newMITMUpstream(t testing.TB) *testUpstream {
 	t.Helper()
 	u := &testUpstream{release: make(chan struct{})}
 	u.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -188,7 +188,7 @@ func (tn *tunnel) end(t *testing.T) error {
 }
 
 func TestMITMSecretReachesUpstream(t *testing.T) {
-	up := newUpstream(t)
+	up := newMITMUpstream(t)
 	r := testSecrets(t).forRun()
 	api := placeholders(r)["API_KEY"]
 	tn, err := openTunnel(t, r, up, mitmOptions{})
@@ -253,7 +253,7 @@ func TestMITMSecretReachesUpstream(t *testing.T) {
 }
 
 func TestMITMInURL(t *testing.T) {
-	up := newUpstream(t)
+	up := newMITMUpstream(t)
 	set, err := newSecretSet(moat.Egress{
 		Network: &moat.Network{Allow: []string{"example.com"}},
 		Secrets: map[string]moat.Secret{"URL_KEY": {FromEnv: "V", Hosts: []string{"example.com"}, InURL: true}},
@@ -313,7 +313,7 @@ func TestMITMRefused(t *testing.T) {
 		}, "the core said no"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			up := newUpstream(t)
+			up := newMITMUpstream(t)
 			tn, err := openTunnel(t, r, up, mitmOptions{decide: tc.decide})
 			if err != nil {
 				t.Fatal(err)
@@ -338,7 +338,7 @@ func TestMITMRefused(t *testing.T) {
 }
 
 func TestMITMRequestHeadBounded(t *testing.T) {
-	up := newUpstream(t)
+	up := newMITMUpstream(t)
 	tn, err := openTunnel(t, testSecrets(t).forRun(), up, mitmOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -365,7 +365,7 @@ func TestMITMRequestHeadBounded(t *testing.T) {
 }
 
 func TestMITMClientHelloNamesAnother(t *testing.T) {
-	up := newUpstream(t)
+	up := newMITMUpstream(t)
 	// The client would take any certificate: the refusal is serveMITM's.
 	tn, err := openTunnel(t, testSecrets(t).forRun(), up, mitmOptions{serverName: "other.test", insecure: true})
 	if err == nil {
@@ -380,7 +380,7 @@ func TestMITMClientHelloNamesAnother(t *testing.T) {
 }
 
 func TestMITMUpstreamVerified(t *testing.T) {
-	up := newUpstream(t)
+	up := newMITMUpstream(t)
 	r := testSecrets(t).forRun()
 	api := placeholders(r)["API_KEY"]
 	tn, err := openTunnel(t, r, up, mitmOptions{roots: x509.NewCertPool()}) // trusts nothing
@@ -409,7 +409,7 @@ func TestMITMUpstreamEchoHidden(t *testing.T) {
 	api := placeholders(r)["API_KEY"]
 	for _, path := range []string{"/echo-status", "/echo-garbage"} {
 		t.Run(path, func(t *testing.T) {
-			up := newUpstream(t)
+			up := newMITMUpstream(t)
 			tn, err := openTunnel(t, r, up, mitmOptions{})
 			if err != nil {
 				t.Fatal(err)
@@ -439,7 +439,7 @@ func TestMITMUpstreamEchoHidden(t *testing.T) {
 // intercepted tunnel; BenchmarkDirectRequest the same request straight to
 // the upstream. Their ratio is serveMITM's added cost per request.
 func BenchmarkMITMRequest(b *testing.B) {
-	up := newUpstream(b)
+	up := newMITMUpstream(b)
 	r := testSecrets(b).forRun()
 	tn, err := openTunnel(b, r, up, mitmOptions{})
 	if err != nil {
@@ -451,7 +451,7 @@ func BenchmarkMITMRequest(b *testing.B) {
 }
 
 func BenchmarkDirectRequest(b *testing.B) {
-	up := newUpstream(b)
+	up := newMITMUpstream(b)
 	c, err := tls.Dial("tcp", up.srv.Listener.Addr().String(), &tls.Config{RootCAs: up.roots, ServerName: "example.com"})
 	if err != nil {
 		b.Fatal(err)
@@ -479,7 +479,7 @@ func benchRequests(b *testing.B, c net.Conn, br *bufio.Reader, req string) {
 // not when it ends (the upstream sends its second event only after the
 // sandbox got the first).
 func TestMITMStreams(t *testing.T) {
-	up := newUpstream(t)
+	up := newMITMUpstream(t)
 	tn, err := openTunnel(t, testSecrets(t).forRun(), up, mitmOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -168,12 +168,6 @@ func splitHostPort(hostport string, defaultPort int) (string, int, error) {
 	return host, port, nil
 }
 
-// sameHost reports whether two host names are the same (case and a
-// trailing dot aside).
-func sameHost(a, b string) bool {
-	return strings.EqualFold(strings.TrimSuffix(a, "."), strings.TrimSuffix(b, "."))
-}
-
 // hostPort joins host and port, bracketing an IPv6 literal.
 func hostPort(host string, port int) string {
 	return net.JoinHostPort(strings.Trim(host, "[]"), strconv.Itoa(port))

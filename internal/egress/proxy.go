@@ -535,7 +535,8 @@ func (r *Run) connect(c net.Conn, br *bufio.Reader, req *http.Request) {
 	splice(&replayConn{Conn: c, r: br}, up)
 }
 
-// decideInner decides one request inside an intercepted tunnel to d: its
+// decideInner decides one request inside an intercepted tunnel to d (serveMITM
+// rewrites again after it, which finds nothing left to replace): its
 // Host must be the tunnel's host, and the secrets' rewrite (which puts the
 // real values in for this host, and refuses a placeholder of another
 // host's secret) must not refuse it. A refusal is recorded as a denial.

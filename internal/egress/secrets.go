@@ -8,7 +8,6 @@ import (
 	"net/url"
 	"os"
 	"sort"
-	"strconv"
 	"strings"
 
 	"github.com/moatsandbox/moat"
@@ -237,9 +236,4 @@ func (r *runSecrets) hideErr(err error) error {
 		return &hiddenError{msg: r.hide(msg), err: err}
 	}
 	return err
-}
-
-// hostPort is host:port for messages.
-func hostPort(host string, port int) string {
-	return host + ":" + strconv.Itoa(port)
 }
