@@ -22,6 +22,7 @@ import (
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/internal/egress"
 	"github.com/moatsandbox/moat/internal/owner"
+	"github.com/moatsandbox/moat/sandboxtest"
 	"github.com/moatsandbox/moat/subprocess"
 )
 
@@ -562,4 +563,16 @@ func TestNetworkEgressSetup(t *testing.T) {
 	if !errors.Is(err, moat.ErrUnavailable) {
 		t.Errorf("New with Egress and tutorial hardening: %v, want an error wrapping ErrUnavailable", err)
 	}
+}
+
+// The egress conformance suite, with the real proxy, at this level.
+func TestNetworkSuite(t *testing.T) {
+	sandboxtest.TestNetwork(t, func(t *testing.T, p *egress.Proxy) moat.Sandbox {
+		sb, err := subprocess.New(subprocess.Config{Egress: p,
+			Limits: moat.Limits{WallTime: moat.Duration(time.Minute), CPUTime: moat.Duration(time.Minute)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sb
+	}, sandboxtest.NetworkOptions{})
 }
