@@ -18,6 +18,7 @@ import (
 	"github.com/moatsandbox/moat"
 	moatcontainer "github.com/moatsandbox/moat/container"
 	"github.com/moatsandbox/moat/internal/egress"
+	"github.com/moatsandbox/moat/sandboxtest"
 )
 
 // fakeRuns stands in for the egress proxy's runs: each serves its
@@ -472,4 +473,17 @@ func BenchmarkRunEgress(b *testing.B) {
 			b.Fatal(res, err)
 		}
 	}
+}
+
+// The egress conformance suite, with the real proxy, at this level.
+func TestNetworkSuite(t *testing.T) {
+	needEngine(t)
+	sandboxtest.TestNetwork(t, func(t *testing.T, p *egress.Proxy) moat.Sandbox {
+		sb, err := moatcontainer.New(moatcontainer.Config{Egress: p,
+			Limits: moat.Limits{WallTime: moat.Duration(time.Minute), CPUTime: moat.Duration(time.Minute)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sb
+	}, sandboxtest.NetworkOptions{})
 }
