@@ -346,6 +346,7 @@ var hows = map[string]string{
 	"read_only":                    "read-only",
 	"not_implemented":              "not implemented",
 	"too_many_files":               "too many files",
+	"tls_failed":                   "TLS refused",
 }
 
 func howOf(class string) string {

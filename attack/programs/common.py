@@ -62,6 +62,9 @@ def classify(e):
         return "out_of_memory"
     if type(e).__name__ == "gaierror":
         return "name_resolution"
+    if type(e).__name__.startswith("SSL"):
+        # An ssl error's errno is OpenSSL's code, not the kernel's.
+        return "tls_failed"
     if isinstance(e, TimeoutError) and not e.errno:
         return "timed_out"
     if isinstance(e, OSError):
