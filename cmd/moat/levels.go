@@ -24,6 +24,21 @@ type sandboxFlags struct {
 	// flags is what the flags set; resolve takes from it only the
 	// settings whose flag was given.
 	flags fileConfig
+	// allowHosts are the --allow-host values, added to network.allow.
+	allowHosts hostList
+}
+
+// hostList is a repeatable flag of HOST[:PORT] patterns.
+type hostList []string
+
+func (h *hostList) String() string { return strings.Join(*h, ",") }
+
+func (h *hostList) Set(s string) error {
+	if _, err := moat.ParseHostPattern(s); err != nil {
+		return err
+	}
+	*h = append(*h, s)
+	return nil
 }
 
 // addSandboxFlags registers the shared flags on fs. Each flag is named for
@@ -45,6 +60,7 @@ func addSandboxFlags(fs *flag.FlagSet) *sandboxFlags {
 	fs.IntVar(&l.OpenFiles, "open-files", 0, "open files per process (default 256)")
 	fs.StringVar((*string)(&f.flags.Subprocess.Hardening), "hardening", "", "subprocess hardening: strict (default) or tutorial (plain rlimits only, for comparison)")
 	fs.StringVar(&f.flags.Subprocess.Python, "python", "", "python3 interpreter for the subprocess level (default /usr/bin/python3)")
+	fs.Var(&f.allowHosts, "allow-host", "a host the code may reach through moat's egress proxy, HOST[:PORT] or *.DOMAIN[:PORT] (repeatable; adds to network.allow; default: no network)")
 	return f
 }
 
@@ -106,6 +122,17 @@ func (f *sandboxFlags) resolve() (fileConfig, error) {
 		return fc, err
 	}
 	if _, err := subprocess.ParseHardening(string(fc.Subprocess.Hardening)); err != nil {
+		return fc, err
+	}
+	if len(f.allowHosts) > 0 {
+		n := moat.Network{}
+		if fc.Network != nil {
+			n = *fc.Network
+		}
+		n.Allow = append(append([]string(nil), n.Allow...), f.allowHosts...)
+		fc.Network = &n
+	}
+	if err := fc.validateEgress(); err != nil {
 		return fc, err
 	}
 	return fc, nil
