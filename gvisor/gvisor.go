@@ -9,6 +9,9 @@
 //     ([Config.Platform]); a runsc without the chosen platform makes [New]
 //     fail, never a silent fallback to a slower or different one;
 //   - runsc's --network=none: a network namespace with loopback only;
+//     or, with an egress proxy (Config.Egress), the proxy as the one way
+//     out: runsc --network=host in a network namespace of moat's, made per
+//     sandbox, holding only loopback and the proxy's listener (network.go);
 //     --host-uds=none and --host-fifo=none: no host unix socket or FIFO can
 //     be reached or created;
 //   - the root filesystem is the shared image's (package image), read-only,
@@ -112,6 +115,7 @@ import (
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/image"
 	"github.com/moatsandbox/moat/internal/cgroup"
+	"github.com/moatsandbox/moat/internal/egress"
 	"github.com/moatsandbox/moat/internal/engine"
 	"github.com/moatsandbox/moat/internal/owner"
 )
@@ -174,6 +178,13 @@ type Config struct {
 	// Logger receives a line per run at debug level and set-up facts at
 	// info level. Nil means discard.
 	Logger *slog.Logger `json:"-"`
+	// Egress is the egress proxy that is the runs' and sessions' only way
+	// out: each sandbox gets a network namespace of its own holding only
+	// loopback, with the proxy listening there on 127.0.0.1:3128, its
+	// address in the code's environment and moat's CA bundle at
+	// /mnt/moat-ca.pem (network.go). Nil means no network, as before:
+	// gVisor's own network stack with loopback only (--network=none).
+	Egress *egress.Proxy `json:"-"`
 }
 
 // Validate reports whether c is usable; the error wraps moat.ErrInvalid.
@@ -300,6 +311,7 @@ func (b *backend) details() []string {
 		fmt.Sprintf("platform: %s (runsc has %s)", b.platform, strings.Join(b.info.Platforms, ", ")),
 		"rootfs: " + b.rootfs + " (read-only)",
 		fmt.Sprintf("cgroup: v%d (memory, pids backstop, cpu account)", b.cg.Version()),
+		"network: " + b.network(),
 	}
 	if r, err := readImageRecord(b.rootfs); err == nil {
 		d = append(d, fmt.Sprintf("image: built %s ago, python %s", time.Since(r.BuiltAt).Round(time.Second), r.PythonVersion))
@@ -373,6 +385,11 @@ func prepare(ctx context.Context, cfg Config) (*backend, error) {
 		}
 		return nil, unavailable("the sandbox root filesystem is not there", remedy, err)
 	}
+	if cfg.Egress != nil {
+		if err := checkEgressRoot(b.rootfs); err != nil {
+			return nil, unavailable("the root filesystem has no place for the egress proxy's CA bundle", "rebuild it with 'moat image build'", err)
+		}
+	}
 
 	cg, err := cgroup.Detect(cgroupParent)
 	if err != nil {
@@ -425,7 +442,13 @@ func (b *backend) Prepare(ctx context.Context) (engine.Instance, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	bt, err := b.boot(newSpec(b.rootfs, image.Python, b.limits), 0)
+	spec := newSpec(b.rootfs, image.Python, b.limits)
+	var r *egress.Run
+	if b.cfg.Egress != nil {
+		r = b.cfg.Egress.NewRun()
+		spec.Process.Env = append(spec.Process.Env, egressEnv(r)...)
+	}
+	bt, err := b.boot(spec, 0, r)
 	if err != nil {
 		return nil, err
 	}
@@ -501,10 +524,18 @@ func runID(name string) (string, bool) {
 	return id, true
 }
 
-// Describe says which runsc and platform run the sandboxes; see
-// moat.Describer.
+// Describe says which runsc and platform run the sandboxes, and how their
+// network is confined; see moat.Describer.
 func (s *Sandbox) Describe() string {
-	return "runsc " + s.Version() + ", platform " + string(s.Platform()) + ", sandboxes booted ahead of runs"
+	return "runsc " + s.Version() + ", platform " + string(s.Platform()) + ", sandboxes booted ahead of runs, network: " + s.b.network()
+}
+
+// network says in a few words how the sandboxes' network is confined.
+func (b *backend) network() string {
+	if b.cfg.Egress == nil {
+		return "none (runsc --network=none: gVisor's own stack, loopback only)"
+	}
+	return "egress proxy only (runsc --network=host in a network namespace of the sandbox's own holding only loopback, the proxy listening in it on 127.0.0.1:3128)"
 }
 
 var _ moat.Describer = (*Sandbox)(nil)

@@ -421,6 +421,9 @@ func (r *interpRun) Wait() (engine.Evidence, error) {
 		out.Notes = append(out.Notes, "gvisor: the session's interpreter ended with this run ("+cause+"); the next run starts a fresh one, without the variables")
 	}
 	ss.release()
+	if n := ss.bt.net; n != nil {
+		out.Notes = append(out.Notes, n.Notes()...)
+	}
 	out.Spent = spent
 	if spent && out.CPUTime && r.budgetLimited {
 		out.Notes = append(out.Notes, fmt.Sprintf("gvisor: this run used up the session's CPU budget of %v (session_cpu_time); later runs fail, the files stay readable", ss.budget))

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/internal/cgroup"
+	"github.com/moatsandbox/moat/internal/egress"
 	"github.com/moatsandbox/moat/internal/engine"
 )
 
@@ -50,6 +52,12 @@ type booted struct {
 	// work is the host directory mounted as the working directory, or "".
 	work string
 
+	// net is the egress proxy's run of this sandbox, and netL its listener
+	// in the sandbox's network namespace, or nil without a network
+	// (network.go).
+	net  *egress.Run
+	netL net.Listener
+
 	// removed makes remove run once.
 	removed sync.Once
 }
@@ -74,12 +82,17 @@ exec "$@"`
 // sandbox boots on its own while the caller goes on. A hostWork of more
 // than zero gives the sandbox a working directory on the host: a tmpfs of
 // that size in the bundle (booted.work), bind-mounted at image.WorkDir
-// (see hostWorkMount).
-func (b *backend) boot(spec *ociSpec, hostWork moat.Bytes) (_ *booted, err error) {
+// (see hostWorkMount). A non-nil netRun makes the egress proxy the sandbox's
+// only way out (network.go): runsc starts in a network namespace of its
+// own, and netRun serves the listener placed in it before boot returns; the
+// sandbox owns netRun from then on, and closes it when it is removed (even
+// when boot fails). The caller has put egressEnv(netRun) in the environment
+// of the spec's code.
+func (b *backend) boot(spec *ociSpec, hostWork moat.Bytes, netRun *egress.Run) (_ *booted, err error) {
 	lim := b.limits
 	var rnd [8]byte
 	rand.Read(rnd[:])
-	bt := &booted{b: b, id: b.owner + "-" + hex.EncodeToString(rnd[:]), exited: make(chan struct{}), logDone: make(chan struct{})}
+	bt := &booted{b: b, id: b.owner + "-" + hex.EncodeToString(rnd[:]), exited: make(chan struct{}), logDone: make(chan struct{}), net: netRun}
 	defer func() {
 		if err != nil {
 			bt.remove()
@@ -100,6 +113,11 @@ func (b *backend) boot(spec *ociSpec, hostWork moat.Bytes) (_ *booted, err error
 			return nil, err
 		}
 		spec.Mounts = append(spec.Mounts, hostWorkMount(bt.work))
+	}
+	if netRun != nil {
+		if err := withEgress(spec, bt.bundle, b.cfg.Egress); err != nil {
+			return nil, err
+		}
 	}
 	specJSON, err := json.Marshal(spec)
 	if err != nil {
@@ -152,6 +170,11 @@ func (b *backend) boot(spec *ociSpec, hostWork moat.Bytes) (_ *booted, err error
 		// runsc.
 		SysProcAttr: &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL},
 	}
+	if netRun != nil {
+		// A network namespace of the sandbox's own, holding only loopback:
+		// the proxy's listener is all there is in it.
+		bt.cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNET
+	}
 	err = bt.cmd.Start()
 	closeAll([]*os.File{inR, outW, errW, logW})
 	if err != nil {
@@ -159,6 +182,14 @@ func (b *backend) boot(spec *ociSpec, hostWork moat.Bytes) (_ *booted, err error
 		return nil, unavailable("cannot start runsc", "", err)
 	}
 	bt.stdin, bt.stdout, bt.stderr = inW, outR, errR
+	// The listener goes in before runsc can have started anything in the
+	// namespace, and while runsc is not yet reaped, so that its pid names
+	// its namespace. The sandbox's code starts only once the sandbox has
+	// booted, later still.
+	var netErr error
+	if netRun != nil {
+		bt.netL, netErr = listenEgress(bt.cmd.Process.Pid, netRun)
+	}
 	bt.events = &sentryEvents{}
 	go func() {
 		defer close(bt.logDone)
@@ -169,6 +200,9 @@ func (b *backend) boot(spec *ociSpec, hostWork moat.Bytes) (_ *booted, err error
 		bt.waitErr = bt.cmd.Wait()
 		close(bt.exited)
 	}()
+	if netErr != nil {
+		return nil, netErr
+	}
 	return bt, nil
 }
 
@@ -176,10 +210,14 @@ func (b *backend) boot(spec *ociSpec, hostWork moat.Bytes) (_ *booted, err error
 // command (the state's root), those that shape the sandbox, and run.
 func (bt *booted) runscArgs() []string {
 	b := bt.b
+	network := "--network=none"
+	if bt.net != nil {
+		network = "--network=host" // host sockets, in the sandbox's own namespace (network.go)
+	}
 	args := []string{
 		"--root=" + b.runscRoot,
 		"--platform=" + string(b.platform),
-		"--network=none",
+		network,
 		"--host-uds=none",
 		"--overlay2=none",
 		// Mounts other than the root (a session's host working directory)
@@ -332,7 +370,11 @@ func (p *process) Wait() (engine.Evidence, error) {
 	}
 	runLogBytes, _ := os.ReadFile(filepath.Join(bt.bundle, "log-run"))
 	ev.run = parseRunLog(runLogBytes)
-	return ev.judge()
+	out, err := ev.judge()
+	if err == nil && bt.net != nil {
+		out.Notes = append(out.Notes, bt.net.Notes()...)
+	}
+	return out, err
 }
 
 // tail keeps the last bytes written to it.
@@ -400,6 +442,12 @@ func (bt *booted) removeOnce() {
 	log := bt.b.log
 	if err := bt.kill(); err != nil {
 		log.Warn("gvisor: cleanup", "id", bt.id, "err", err)
+	}
+	if bt.net != nil {
+		bt.net.Close()
+		if bt.netL != nil {
+			bt.netL.Close()
+		}
 	}
 	if bt.cmd != nil && bt.cmd.Process != nil {
 		<-bt.exited

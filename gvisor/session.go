@@ -22,6 +22,7 @@ import (
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/image"
 	"github.com/moatsandbox/moat/internal/cgroup"
+	"github.com/moatsandbox/moat/internal/egress"
 	"github.com/moatsandbox/moat/internal/engine"
 	"github.com/moatsandbox/moat/internal/sessionfiles"
 )
@@ -176,7 +177,14 @@ func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (eng
 		}
 	}
 	spec, work := b.sessionSpec(opts.Interpreter)
-	bt, err := b.boot(spec, work)
+	// One run of the egress proxy for the session's life: its runs share
+	// the placeholders, and each run's notes are the decisions since the
+	// previous one's.
+	var netRun *egress.Run
+	if b.cfg.Egress != nil {
+		netRun = b.cfg.Egress.NewRun()
+	}
+	bt, err := b.boot(spec, work, netRun)
 	if err != nil {
 		return nil, err
 	}
@@ -198,6 +206,9 @@ func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (eng
 		raw = append(raw, byte(ins.Op), byte(ins.Op>>8), ins.Jt, ins.Jf, byte(ins.K), byte(ins.K>>8), byte(ins.K>>16), byte(ins.K>>24))
 	}
 	code := newSpec(b.rootfs, image.Python, b.limits).Process
+	if netRun != nil {
+		code.Env = append(code.Env, egressEnv(netRun)...)
+	}
 	writeSpec := func(name, mode string, caps []string, pyargs ...string) (string, error) {
 		args := []string{image.Python, "-I", "-S", "-c", launcherPy, hex.EncodeToString(raw),
 			strconv.Itoa(sandboxUID), strconv.Itoa(sandboxGID), code.Cwd, image.Python, mode, strconv.Itoa(len(pyargs))}
@@ -884,6 +895,9 @@ func (r *sessionRun) Wait() (engine.Evidence, error) {
 	out, err := ev.judge()
 	if err != nil {
 		return out, err
+	}
+	if n := ss.bt.net; n != nil {
+		out.Notes = append(out.Notes, n.Notes()...)
 	}
 	out.Spent = spent
 	if spent && ev.cpuOver && r.budgetLimited {

@@ -140,7 +140,8 @@ func pageRound(n int64) int64 {
 // stdin, as nobody, with no capability and no_new_privs, over the read-only
 // root filesystem, with a tmpfs for every writable place, the rlimits that
 // gVisor's kernel enforces, and namespaces of its own. The network is
-// runsc's business (--network=none: loopback only).
+// runsc's business (--network=none: loopback only), or, with an egress
+// proxy, moat's (withEgress drops the network namespace: network.go).
 //
 // Python is the container's init (PID 1). Unlike Linux, gVisor does not
 // shield its init from the signals it sends itself, so a crash by signal

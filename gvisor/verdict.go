@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"strings"
 	"syscall"
 
@@ -103,13 +104,28 @@ func exitCode(ws syscall.WaitStatus) int {
 	return ws.ExitStatus()
 }
 
-// maxPanicLog is how much of the sentry's runtime messages moat reads.
-const maxPanicLog = 4 << 10
+// maxPanicLog is how much of the sentry's runtime messages moat keeps;
+// maxPanicRead how much of the file it reads: a longer one counts as it
+// is, without dropping the sentry's log lines.
+const (
+	maxPanicLog  = 4 << 10
+	maxPanicRead = 1 << 20
+)
 
-// readPanicLog returns the start of the file runsc's --panic-log names, or
-// nil when it is empty or was never made (runsc failed before it started
-// the sentry). When it cannot be read, the error stands in for its text,
-// so that the run fails closed.
+// sentryLogLine matches a line of the sentry's own logger in the text form
+// it writes to stderr (the panic log) before runsc points it at the debug
+// log, at info or warning level: "I1201 15:41:36.879382   26964
+// rate_limited.go:36] ...". Loggers made that early (gVisor's rate-limited
+// ones) keep writing there: the sentry logs "A process tried to create a
+// raw socket without CAP_NET_RAW" so whenever the code tries one under
+// --network=none. Such a line is the sentry's notice, not a crash.
+var sentryLogLine = regexp.MustCompile(`^[IW]\d{4} \d{2}:\d{2}:\d{2}\.\d{6} +\d+ [\w.-]+\.go:\d+\] `)
+
+// readPanicLog returns the start of the file runsc's --panic-log names,
+// without the sentry's log lines (sentryLogLine), or nil when nothing else
+// is there or it was never made (runsc failed before it started the
+// sentry). When it cannot be read, the error stands in for its text, so
+// that the run fails closed.
 func readPanicLog(path string) []byte {
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -119,11 +135,29 @@ func readPanicLog(path string) []byte {
 		return []byte("cannot read the sentry's panic log: " + err.Error())
 	}
 	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxPanicLog))
+	b, err := io.ReadAll(io.LimitReader(f, maxPanicRead+1))
 	if err != nil {
 		return []byte("cannot read the sentry's panic log: " + err.Error())
 	}
-	return b
+	if len(b) <= maxPanicRead {
+		b = dropSentryLogLines(b)
+	}
+	return b[:min(len(b), maxPanicLog)]
+}
+
+// dropSentryLogLines returns b without its lines that sentryLogLine
+// matches, and nil when nothing else is left but blank lines.
+func dropSentryLogLines(b []byte) []byte {
+	var out []byte
+	for line := range bytes.Lines(b) {
+		if !sentryLogLine.Match(line) {
+			out = append(out, line...)
+		}
+	}
+	if len(bytes.TrimSpace(out)) == 0 {
+		return nil
+	}
+	return out
 }
 
 // firstLines returns the first n non-empty lines of b, joined with " | ".

@@ -2,6 +2,8 @@ package gvisor
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -101,5 +103,44 @@ func TestVerdict(t *testing.T) {
 				t.Errorf("verdict of %+v = %+v, want %+v", ev, got, c.want)
 			}
 		})
+	}
+}
+
+// TestReadPanicLog checks that the sentry's own log lines in its panic log
+// (a raw socket refused under --network=none writes one) are not taken for
+// a crash, and that everything else there still is.
+func TestReadPanicLog(t *testing.T) {
+	const notice = "I1201 15:41:36.879382   26964 rate_limited.go:36] A process tried to create a raw socket without CAP_NET_RAW. Should the container config enable CAP_NET_RAW?\n"
+	const warning = "W1201 15:41:37.000001       7 provider.go:120] something\n"
+	const crash = "panic: Signal-induced panic\n\ngoroutine 12 [running]:\n"
+	for _, c := range []struct {
+		name, text, want string
+	}{
+		{"empty", "", ""},
+		{"notices only", notice + warning + notice + "\n", ""},
+		{"crash after notices", notice + crash, crash},
+		{"crash", crash, crash},
+		{"fatal error", "fatal error: x\n", "fatal error: x\n"},
+		{"error level", "E1201 15:41:36.879382   26964 x.go:1] bad\n", "E1201 15:41:36.879382   26964 x.go:1] bad\n"},
+		{"notice-like without its form", "I1201 something] x\n", "I1201 something] x\n"},
+		{"notice with a crash on its line", "panic: " + notice, "panic: " + notice},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "log-panic")
+			if err := os.WriteFile(p, []byte(c.text), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if got := string(readPanicLog(p)); got != c.want {
+				t.Errorf("readPanicLog(%q) = %q, want %q", c.text, got, c.want)
+			}
+		})
+	}
+	// A log too long to read whole counts as it is.
+	p := filepath.Join(t.TempDir(), "log-panic")
+	if err := os.WriteFile(p, []byte(strings.Repeat(notice, maxPanicRead/len(notice)+1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got := readPanicLog(p); len(got) != maxPanicLog {
+		t.Errorf("a panic log past %d bytes gave %d bytes, want the first %d", maxPanicRead, len(got), maxPanicLog)
 	}
 }

@@ -215,10 +215,18 @@ func levelTable() []levelEntry {
 		{
 			level: moat.LevelGVisor,
 			open: func(ctx context.Context, fc fileConfig) (moat.Sandbox, error) {
-				return gvisor.New(fc.gvisorConfig())
+				cfg, err := fc.gvisorConfig()
+				if err != nil {
+					return nil, err
+				}
+				return gvisor.New(cfg)
 			},
 			check: func(ctx context.Context, fc fileConfig) moat.Availability {
-				return gvisor.Check(ctx, fc.gvisorConfig())
+				cfg, err := fc.gvisorConfig()
+				if err != nil {
+					return moat.Unavailable(moat.LevelGVisor, err)
+				}
+				return gvisor.Check(ctx, cfg)
 			},
 			claims: claimsAll,
 		},
@@ -249,10 +257,12 @@ func (fc fileConfig) containerConfig() (container.Config, error) {
 	return cfg, err
 }
 
-func (fc fileConfig) gvisorConfig() gvisor.Config {
+func (fc fileConfig) gvisorConfig() (gvisor.Config, error) {
 	cfg := fc.GVisor
 	cfg.Limits = fc.Limits
-	return cfg
+	p, err := fc.proxy()
+	cfg.Egress = p
+	return cfg, err
 }
 
 func findLevel(l moat.Level) (levelEntry, error) {
