@@ -15,6 +15,7 @@ import (
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/gvisor"
 	"github.com/moatsandbox/moat/internal/egress"
+	"github.com/moatsandbox/moat/sandboxtest"
 )
 
 // newProxy returns an egress proxy whose policy allows one name, which the
@@ -335,4 +336,13 @@ func TestNetworkCheckRootFS(t *testing.T) {
 	if a := gvisor.Check(context.Background(), gvisor.Config{RootFS: root, Egress: p}); !a.Available {
 		t.Errorf("with a proxy and /mnt: refused: %s", a.Reason)
 	}
+}
+
+// The egress conformance suite, with the real proxy, at this level.
+func TestNetworkSuite(t *testing.T) {
+	need(t, gvisor.Config{})
+	sandboxtest.TestNetwork(t, func(t *testing.T, p *egress.Proxy) moat.Sandbox {
+		return newSandbox(t, gvisor.Config{Egress: p,
+			Limits: moat.Limits{WallTime: moat.Duration(time.Minute), CPUTime: moat.Duration(time.Minute)}})
+	}, sandboxtest.NetworkOptions{})
 }
