@@ -177,6 +177,7 @@ type backend struct {
 	tmpl   string // the template's directory, unless cold
 	meta   *templateMeta
 	maxVMs int
+	agent  string // the guest agent's binary, also the egress pipe
 	log    *slog.Logger
 }
 
@@ -230,7 +231,7 @@ func New(cfg Config) (*Sandbox, error) {
 		// run's end rather than competing with it.
 		RefillAfterRun: b.spec.Accel == AccelTCG,
 		MaxRuns:        b.maxVMs,
-		MaxCode:        wire.MaxCode,
+		MaxCode:        wire.MaxCode - b.egressReserve(),
 		Notes:          []string{b.note},
 		Logger:         log,
 	}, b)
@@ -287,7 +288,7 @@ func (s *Sandbox) Accel() Accel { return s.b.spec.Accel }
 
 func (b *backend) details() []string {
 	d := []string{
-		"vmm: " + b.vmm.Name() + " (" + b.vmm.Binary + "), machine microvm, no network device",
+		"vmm: " + b.vmm.Name() + " (" + b.vmm.Binary + "), machine microvm, " + b.netLine(),
 		"accel: " + b.accel,
 		"kernel: " + b.spec.Kernel,
 		"disk: " + b.spec.Disk,
@@ -301,16 +302,28 @@ func (b *backend) details() []string {
 	return d
 }
 
+// netLine says what network the VMs have.
+func (b *backend) netLine() string {
+	if b.cfg.Egress == nil {
+		return "no network device"
+	}
+	return "network: " + netDesc
+}
+
 // Close implements engine.Backend: the engine has discarded every VM.
 func (b *backend) Close() error { return nil }
 
 // Describe says which accelerator the VMs use and how they start; see
 // moat.Describer.
 func (s *Sandbox) Describe() string {
+	d := "accel " + string(s.Accel()) + ", restored from a saved template"
 	if s.b.cfg.Cold {
-		return "accel " + string(s.Accel()) + ", a fresh VM booted for every run"
+		d = "accel " + string(s.Accel()) + ", a fresh VM booted for every run"
 	}
-	return "accel " + string(s.Accel()) + ", restored from a saved template"
+	if s.b.cfg.Egress != nil {
+		d += "; network: " + netDesc
+	}
+	return d
 }
 
 var _ moat.Describer = (*Sandbox)(nil)
