@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	"github.com/moatsandbox/moat/internal/egress"
+	"github.com/moatsandbox/moat/internal/owner"
 	"github.com/moatsandbox/moat/microvm/internal/wire"
 )
 
@@ -96,9 +97,15 @@ func (b *backend) newNet() (*vmNet, error) {
 	if err := os.Chmod(socketDir, 0o711); err != nil {
 		return nil, fmt.Errorf("microvm: egress: %w", err)
 	}
+	// OWNER-RANDOM.sock: the reaper of a later moat removes those of a
+	// moat that died.
+	me, err := owner.Self(ownersDir)
+	if err != nil {
+		return nil, fmt.Errorf("microvm: egress: %w", err)
+	}
 	var id [12]byte
 	rand.Read(id[:])
-	path := filepath.Join(socketDir, hex.EncodeToString(id[:])+".sock")
+	path := filepath.Join(socketDir, me+"-"+hex.EncodeToString(id[:])+".sock")
 	l, err := net.Listen("unix", path)
 	if err != nil {
 		return nil, fmt.Errorf("microvm: egress: %w", err)

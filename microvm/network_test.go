@@ -350,7 +350,14 @@ func TestNetworkSession(t *testing.T) {
 	sb := open(t, cfg, moat.Limits{})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	sess, err := sb.NewSession(ctx, moat.SessionOptions{})
+	for _, interp := range []bool{false, true} {
+		t.Run(fmt.Sprintf("interpreter=%v", interp), func(t *testing.T) { testNetworkSession(t, ctx, sb, tp, interp) })
+	}
+}
+
+func testNetworkSession(t *testing.T, ctx context.Context, sb *Sandbox, tp *testProxy, interp bool) {
+	before := tp.runs()
+	sess, err := sb.NewSession(ctx, moat.SessionOptions{Interpreter: interp})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -375,6 +382,9 @@ print(os.environ['MOAT_TEST_SECRET'], open(os.environ['SSL_CERT_FILE']).read() =
 		}
 	}
 	runs := tp.runs()
+	for r := range before {
+		delete(runs, r)
+	}
 	if len(runs) != 1 {
 		t.Errorf("a session's two runs were served by %d proxy runs, want 1", len(runs))
 	}
@@ -415,5 +425,86 @@ func TestNetworkKillUID(t *testing.T) {
 	}
 	if err := c.Process.Signal(syscall.Signal(0)); err != nil {
 		t.Errorf("killUID(%d) killed a process of uid %d: %v", victim, bystander, err)
+	}
+}
+
+// The command line of a VM with a network: the user network restricted,
+// one guestfwd and no hostfwd, the virtio-net device; spawning allowed only
+// there. Without a network nothing of it, as before.
+func TestNetworkArgs(t *testing.T) {
+	q := &QEMU{Binary: "/usr/bin/qemu-system-x86_64", Version: "7.2"}
+	base := VMSpec{Kernel: "/k", Initrd: "/i", Disk: "/d", Cmdline: "c", MemoryMiB: 512, VCPUs: 1, Accel: AccelTCG}
+	join := func(spec VMSpec) string { return strings.Join(q.args(spec, "tag"), " ") }
+
+	none := join(base)
+	for _, want := range []string{"-nic none", "spawn=deny", "elevateprivileges=deny"} {
+		if !strings.Contains(none, want) {
+			t.Errorf("without a network the command line lacks %q: %s", want, none)
+		}
+	}
+	if strings.Contains(none, "-netdev") || strings.Contains(none, "virtio-net") {
+		t.Errorf("without a network the command line has a network: %s", none)
+	}
+
+	withNet := base
+	withNet.Net = &NetSpec{Socket: "/run/moat/microvm-egress/x,y.sock", Pipe: "/var/lib/moat/agent"}
+	a := q.args(withNet, "tag")
+	var netdev []string
+	for i, arg := range a {
+		if arg == "-netdev" {
+			netdev = append(netdev, a[i+1])
+		}
+	}
+	if len(netdev) != 1 {
+		t.Fatalf("want one -netdev, got %q", netdev)
+	}
+	nd := netdev[0]
+	for _, want := range []string{"user,id=n0,", ",restrict=on,", ",ipv6=off,",
+		"guestfwd=tcp:10.0.2.100:3128-cmd:'/var/lib/moat/agent' egress-pipe '/run/moat/microvm-egress/x,,y.sock'"} {
+		if !strings.Contains(nd, want) {
+			t.Errorf("the netdev %q lacks %q", nd, want)
+		}
+	}
+	if strings.Count(nd, "guestfwd=") != 1 || strings.Contains(nd, "hostfwd") || strings.Contains(nd, "smb") || strings.Contains(nd, "tftp") {
+		t.Errorf("the netdev %q is more than one guestfwd", nd)
+	}
+	s := strings.Join(a, " ")
+	for _, want := range []string{"-device virtio-net-device,netdev=n0", "spawn=allow", "elevateprivileges=allow", "obsolete=deny", "resourcecontrol=deny"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("with a network the command line lacks %q: %s", want, s)
+		}
+	}
+	if strings.Contains(s, "-nic none") {
+		t.Errorf("with a network the command line still says -nic none: %s", s)
+	}
+}
+
+// A template with the network device is another template than one
+// without; the VMs' sockets do not change it.
+func TestNetworkTemplateKey(t *testing.T) {
+	dir := t.TempDir()
+	var files []string
+	for _, n := range []string{"k", "i", "d"} {
+		p := filepath.Join(dir, n)
+		os.WriteFile(p, []byte(n), 0o644)
+		files = append(files, p)
+	}
+	q := &QEMU{Binary: "/usr/bin/qemu-system-x86_64", Version: "7.2"}
+	base := VMSpec{Kernel: files[0], Initrd: files[1], Disk: files[2], Cmdline: "c", MemoryMiB: 512, VCPUs: 1, Accel: AccelTCG}
+	key := func(spec VMSpec) string {
+		k, err := templateKey(q, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	a, b, c := base, base, base
+	b.Net = &NetSpec{Pipe: "/agent"}
+	c.Net = &NetSpec{Pipe: "/agent", Socket: "/run/moat/microvm-egress/one.sock"}
+	if key(a) == key(b) {
+		t.Errorf("the templates with and without a network share the key %s", key(a))
+	}
+	if key(b) != key(c) {
+		t.Errorf("a VM's socket changes its template's key: %s, %s", key(b), key(c))
 	}
 }
