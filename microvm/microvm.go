@@ -4,8 +4,9 @@
 // The VMM sits behind a small interface ([VMM], [VM]); QEMU's microvm
 // machine type is the one implemented ([QEMU]): direct kernel boot, no
 // PCI, virtio-mmio devices only, -nodefaults and -nic none (no network
-// device at all), no host directory shared into the guest, QEMU's seccomp
-// sandbox on (spawning denied), and QEMU itself running as an unprivileged
+// device at all, unless [Config.Egress]: see # Network), no host directory
+// shared into the guest, QEMU's seccomp sandbox on (spawning denied), and
+// QEMU itself running as an unprivileged
 // uid of its own per VM, which needs no access to moat's files beyond the
 // kernel, the initramfs and the disk: the saved state reaches it as a
 // descriptor.
@@ -81,6 +82,34 @@
 // process (memory-backend-file opens its file read-write; the rom= option
 // came in 8.2), so each restore reads the state file (about 100MB, from the
 // page cache) instead.
+//
+// # Network
+//
+// With [Config.Egress] each VM gets one virtio-net device on QEMU's user
+// network (libslirp) with restrict=on, ipv6=off and a single guestfwd,
+// 10.0.2.100:3128, whose cmd: form runs, for each connection of the guest
+// to that address, the agent's binary as a pipe (`agent egress-pipe
+// SOCKET`, its stdio the connection) to a unix socket moat listens on for
+// that VM alone (mode 0600, owned by the VM's uid); moat serves each
+// connection it accepts (at most 64 at once) with the VM's egress run
+// (one per one-shot VM, one per session, closed at its end). restrict=on
+// drops the rest: DNS to 10.0.2.3, all other UDP, TCP to any other address
+// or port, the host's 10.0.2.2 (TestNetworkOneShot checks each, and that
+// nothing reaches the host's loopback; slirp itself still answers ARP,
+// DHCP and a TFTP error inside QEMU). The agent gives eth0 10.0.2.15/24
+// and no default route before the code runs, the code the proxy run's
+// environment (HTTP(S)_PROXY=http://10.0.2.100:3128, the CA variables,
+// the secrets' placeholders; children inherit it) and the proxy's CA
+// bundle read-only at /etc/moat/ca.pem. To run the pipe, QEMU of such a
+// VM has spawning and the set*id calls allowed in its seccomp sandbox
+// (libslirp's child calls setsid, then execve); QEMU keeps no_new_privs
+// and no capabilities, and every process of the VM's uid is killed (kill
+// -9 -1 as that uid) before the uid is released. A VM's devices are part
+// of its saved state: such sandboxes restore a template of their own,
+// booted with the device (see template.go). The guest kernel needs
+// virtio-net (moat's minimal kernel has it built in; the cloud kernel's
+// modules go into that template's initramfs); without it, New fails with
+// moat.ErrUnavailable.
 //
 // # Acceleration
 //

@@ -6,10 +6,16 @@
 // /modules/order (virtio-mmio, virtio-blk, virtio-console, overlay; none for
 // a kernel that has them built in), mounts the shared root filesystem
 // read-only from /dev/vda under a writable tmpfs layer (overlayfs), prepares
-// a cgroup for the run, starts python3 in it (chrooted into the root
-// filesystem, as an unprivileged uid) to wait for its code, opens the
+// a cgroup for the run, configures the network device when the VM has one
+// (eth0: 10.0.2.15/24, no default route; see net.go), starts python3 in the
+// cgroup (chrooted into the root filesystem, as an unprivileged uid) to
+// wait for its code, opens the
 // virtio-serial port named moat.agent and says Hello. moat saves the VM at
 // that point and starts every VM as a restore of it.
+//
+// Run on the host by QEMU's user network as `agent egress-pipe SOCKET`, the
+// binary is the pipe between one guest connection and moat's egress socket
+// (see egressPipe).
 //
 // After the restore, moat sends one Run, or a Session. For a Run the agent
 // sets the clock, reseeds the kernel's random generator, sizes the writable
