@@ -79,12 +79,12 @@ var All = []Name{Loop, Memory, ForkFlood, Disk, Credentials, Network,
 // ParseName returns the attack named s, or an error wrapping
 // [moat.ErrInvalid].
 func ParseName(s string) (Name, error) {
-	names := make([]string, len(All))
-	for i, n := range All {
+	var names []string
+	for _, n := range append(append([]Name(nil), All...), EgressAttacks...) {
 		if string(n) == s {
 			return n, nil
 		}
-		names[i] = string(n)
+		names = append(names, string(n))
 	}
 	return "", fmt.Errorf("attack: unknown attack %q (known: %s): %w", s, strings.Join(names, ", "), moat.ErrInvalid)
 }

@@ -61,6 +61,9 @@ type Env struct {
 	unixG    []*net.UnixConn     // the datagram sockets, path and abstract
 	inflight atomic.Int64        // stream connections still being read
 
+	egress    *egressEnv // the servers of the egress probes
+	egressDir string     // their CA's directory, removed by Close
+
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -83,6 +86,9 @@ func Plant(ctx context.Context) (_ *Env, err error) {
 		return nil, err
 	}
 	if err := e.startSockets(); err != nil {
+		return nil, err
+	}
+	if err := e.startEgress(ctx); err != nil {
 		return nil, err
 	}
 	return e, nil
@@ -176,8 +182,9 @@ func (e *Env) Close() error {
 				errs = append(errs, err)
 			}
 		}
+		errs = append(errs, e.closeEgress()...)
 		e.wg.Wait()
-		for _, d := range []string{e.dir, e.sockDir} {
+		for _, d := range []string{e.dir, e.sockDir, e.egressDir} {
 			if d == "" {
 				continue
 			}

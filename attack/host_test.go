@@ -25,6 +25,7 @@ type hostSandbox struct {
 	wall  time.Duration
 	pidns bool
 	uid   int
+	env   []string // the code's whole environment; nil means empty
 }
 
 var _ moat.Sandbox = hostSandbox{}
@@ -62,7 +63,7 @@ func (h hostSandbox) Run(ctx context.Context, req moat.Request) (*moat.Result, e
 	}
 	defer cancel()
 	cmd := exec.CommandContext(runCtx, "/usr/bin/python3", prog)
-	cmd.Env = []string{}
+	cmd.Env = append([]string{}, h.env...)
 	cmd.Dir = work
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if h.pidns {

@@ -33,6 +33,12 @@ type params struct {
 	Linger int    `json:"linger,omitempty"` // loop, fork_flood, uid_shared_limit: seconds a stray process lives
 	Role   string `json:"role,omitempty"`   // uid_shared_limit: "hog" or "probe"
 	Max    int    `json:"max,omitempty"`    // uid_shared_limit: the most instances the hog opens
+	// Ports and Hosts are, for the egress probes, the harness's servers:
+	// "allowed", "echo", "secret" (names the policy allows, pinned to
+	// 127.0.0.1), "ip" (a listener no policy allows) and "dns" (a UDP DNS
+	// server, also the proxy's resolver).
+	Ports map[string]int    `json:"ports,omitempty"`
+	Hosts map[string]string `json:"hosts,omitempty"`
 }
 
 // The sizes of the attacks.

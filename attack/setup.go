@@ -108,6 +108,10 @@ func prepare(name Name, env *Env) (*setup, error) {
 			return nil, err
 		}
 		s.tokens, s.end = macs, ending{noProof: "no host address", overErrs: true}
+	case DNSExfil, DirectIP, SNIFronting, SecretRead:
+		if err := env.prepareEgress(s); err != nil {
+			return nil, err
+		}
 	case UIDSharedLimit:
 		return nil, fmt.Errorf("attack: %s is a pair of runs, not one", name)
 	default:
@@ -119,6 +123,8 @@ func prepare(name Name, env *Env) (*setup, error) {
 func needsEnv(n Name) bool {
 	switch n {
 	case Credentials, Network, UnixPathStream, UnixPathDgram, AbstractUnix:
+		return true
+	case DNSExfil, DirectIP, SNIFronting, SecretRead:
 		return true
 	}
 	return false

@@ -233,9 +233,10 @@ func Check(ctx context.Context, cfg Config) moat.Availability {
 	} else {
 		a.Details = append(a.Details, "seccomp: MISSING in the engine")
 	}
-	if prof, err := newProfile(); err == nil {
+	if prof, err := newProfile(cfg.Egress != nil); err == nil {
 		a.Details = append(a.Details, fmt.Sprintf("seccomp profile: %s, passed with every container (%s)", prof, prof.digest))
 	}
+	a.Details = append(a.Details, (&backend{egress: cfg.Egress}).netDescribe())
 	a.Details = append(a.Details, fmt.Sprintf("uids: %d-%d, one per container, leased in %s", cfg.UIDFirst, cfg.UIDFirst+cfg.UIDCount-1, uidLockDir()))
 	st := image.GetStatus(image.Config{})
 	if st.Exists {

@@ -19,12 +19,19 @@ import (
 // the first uid of the range standing for the run's own. The bench uses it
 // to set moat's Engine API path against the docker CLI's.
 func (s *Sandbox) CLIArgs() ([]string, error) {
+	if s.b.egress != nil {
+		return nil, errCLIEgress
+	}
 	path, err := s.b.spec.seccomp.file()
 	if err != nil {
 		return nil, err
 	}
 	return s.b.spec.cliArgs(s.b.uidFirst, path), nil
 }
+
+// errCLIEgress is the refusal of the docker CLI's path for a Config with
+// an egress proxy: the CLI cannot place moat's listener in the container.
+var errCLIEgress = unavailable("the docker CLI cannot run a container with network: moat places its egress proxy in each container itself", "run through the Engine API (New)", nil)
 
 // A cliPlan is how the docker CLI runs with a Config: the spec, the
 // profile's file, and the uids to lease one from per run.
@@ -42,6 +49,9 @@ func newCLIPlan(ctx context.Context, cfg Config) (*cliPlan, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Egress != nil {
+		return nil, errCLIEgress
+	}
 	cli, err := newClient()
 	if err != nil {
 		return nil, unavailable("no Docker client", "set DOCKER_HOST or run scripts/setup-docker.sh", err)
@@ -58,7 +68,7 @@ func newCLIPlan(ctx context.Context, cfg Config) (*cliPlan, error) {
 	if err != nil {
 		return nil, fmt.Errorf("container: %w", err)
 	}
-	prof, err := newProfile()
+	prof, err := newProfile(false)
 	if err != nil {
 		return nil, err
 	}
@@ -70,7 +80,7 @@ func newCLIPlan(ctx context.Context, cfg Config) (*cliPlan, error) {
 	if err != nil {
 		return nil, unavailable("cannot set up the uid pool", "", err)
 	}
-	return &cliPlan{spec: newSpec(cfg, eng.runtime, owner, prof), profilePath: path, uids: uids, uidFirst: cfg.UIDFirst}, nil
+	return &cliPlan{spec: newSpec(cfg, eng.runtime, owner, prof, ""), profilePath: path, uids: uids, uidFirst: cfg.UIDFirst}, nil
 }
 
 // CLIArgs returns the `docker` arguments of a run with cfg, resolved against

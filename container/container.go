@@ -5,7 +5,11 @@
 //
 // Every container is hardened, with no way to turn an item off:
 //
-//   - no network at all (network mode none, networking disabled);
+//   - no network at all (network mode none, networking disabled), unless
+//     Config.Egress names moat's egress proxy: then the container's own
+//     network namespace still holds only its loopback, where moat listens
+//     for the proxy at 127.0.0.1:3128, and the code reaches that listener
+//     and nothing else (see network.go);
 //   - a read-only root filesystem; the working directory (/work), /tmp and
 //     /dev/shm are tmpfs mounts (nosuid, nodev, noexec, inode-limited) whose
 //     sizes add up to Limits.Disk, so the disk limit covers every writable
@@ -23,7 +27,8 @@
 //   - moat's own seccomp profile (internal/seccomp's Docker), never the
 //     engine's default: an allow-list made from Moby's default less what
 //     moat's subprocess filter refuses and more (io_uring, every socket
-//     family but AF_UNIX, so no AF_VSOCK, whose ports are not namespaced;
+//     family but AF_UNIX, and AF_INET and AF_INET6 with Config.Egress, so
+//     no AF_VSOCK, whose ports are not namespaced;
 //     ptrace, userfaultfd, memfd_secret, keyrings, bpf, perf_event_open,
 //     the mount family, namespaces, clone3; only the native syscall
 //     convention). It is checked twice from the host: New runs a probe
@@ -32,8 +37,9 @@
 //     every run's init must run under as many seccomp filters as the
 //     probe's did (/proc/PID/status) before its code is written. Docker's
 //     default masked and read-only /proc paths stay;
-//   - private IPC, PID, UTS and cgroup namespaces; no host mounts of any
-//     kind, no Docker socket, no docker-init from the host;
+//   - private IPC, PID, UTS and cgroup namespaces; no host mounts (with
+//     Config.Egress only the proxy's CA bundle, a root-owned file bind
+//     mounted read-only), no Docker socket, no docker-init from the host;
 //   - the log driver "none": the output reaches moat and nothing else, never
 //     the host's disk;
 //   - an OOM score of 1000, so that a sandbox is the first to go when the
@@ -112,6 +118,7 @@ import (
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/image"
+	"github.com/moatsandbox/moat/internal/egress"
 	"github.com/moatsandbox/moat/internal/engine"
 	"github.com/moatsandbox/moat/internal/uidpool"
 )
@@ -170,6 +177,12 @@ type Config struct {
 	SessionCPUTime moat.Duration `json:"session_cpu_time,omitempty"`
 	// Logger receives debug logs. Nil means discard.
 	Logger *slog.Logger `json:"-"`
+	// Egress is the egress proxy the code reaches, and nothing else (see
+	// network.go): each container, or session, gets a listener of the
+	// proxy inside its own network namespace and the proxy's environment.
+	// It needs moat to be root on the engine's host. Nil means no network
+	// at all, as without it.
+	Egress *egress.Proxy `json:"-"`
 }
 
 // withDefaults fills the zero fields and checks the result.
@@ -235,6 +248,14 @@ var (
 	_ engine.SessionBackend = (*backend)(nil)
 )
 
+var _ moat.Describer = (*Sandbox)(nil)
+
+// Describe says which runtime runs the containers and how they reach the
+// network; see moat.Describer.
+func (s *Sandbox) Describe() string {
+	return "runtime " + s.b.spec.runtime + "; " + s.b.netDescribe()
+}
+
 // backend is the container level under the engine: it prepares containers
 // (instance), starts the code in them (process) and keeps sessions
 // (session).
@@ -260,6 +281,10 @@ type backend struct {
 	// lastFilters is the number of filters the last run's init ran under;
 	// the probe reads it.
 	lastFilters atomic.Int64
+	// egress is the proxy the containers reach, nil for no network;
+	// newRun makes each container's or session's run of it.
+	egress *egress.Proxy
+	newRun func(*egress.Proxy) egressRun
 
 	// The client is closed once the engine closed the backend and the last
 	// session is closed: sessions outlive their Sandbox.
@@ -347,9 +372,18 @@ func newBackend(cfg Config, cli *client.Client, eng *daemon) (*backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("container: %w", err)
 	}
-	prof, err := newProfile()
+	if cfg.Egress != nil && os.Geteuid() != 0 {
+		return nil, unavailable("a container with network needs moat to be root: moat places its egress proxy inside each container's network namespace", "run moat as root, or give no network", nil)
+	}
+	prof, err := newProfile(cfg.Egress != nil)
 	if err != nil {
 		return nil, err
+	}
+	var caHost string
+	if cfg.Egress != nil {
+		if caHost, err = writeCABundle(cfg.Egress.CABundle()); err != nil {
+			return nil, unavailable("moat cannot write the egress proxy's CA bundle for its containers", "", err)
+		}
 	}
 	uids, err := uidpool.New(cfg.UIDFirst, cfg.UIDCount, uidLockDir())
 	if err != nil {
@@ -362,12 +396,14 @@ func newBackend(cfg Config, cli *client.Client, eng *daemon) (*backend, error) {
 	return &backend{
 		cli:        cli,
 		kmsg:       kernelLog(),
-		spec:       newSpec(cfg, eng.runtime, owner, prof),
+		spec:       newSpec(cfg, eng.runtime, owner, prof, caHost),
 		log:        cfg.Logger,
 		watched:    os.Geteuid() == 0,
 		uids:       uids,
 		uidFirst:   cfg.UIDFirst,
 		sessionCPU: sessionCPU,
+		egress:     cfg.Egress,
+		newRun:     newEgressRun,
 	}, nil
 }
 

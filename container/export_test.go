@@ -3,6 +3,8 @@ package container
 import (
 	"context"
 	"time"
+
+	"github.com/moatsandbox/moat/internal/egress"
 )
 
 // ProbeWithProfile runs the seccomp probe of a Sandbox made with cfg whose
@@ -32,4 +34,17 @@ func ProbeWithProfile(cfg Config, profileJSON string) error {
 	b.spec.seccomp.json = profileJSON
 	_, err = b.probeSeccomp(ctx)
 	return err
+}
+
+// EgressRun is what a container or session uses of its egress run.
+type EgressRun = egressRun
+
+// SetEgressRuns makes the Sandboxes made after it get their containers'
+// and sessions' egress runs from f instead of the proxy, and returns what
+// restores the proxy's. Tests use it to see the listener moat places and
+// the notes and closes of each run, whatever the proxy does.
+func SetEgressRuns(f func(*egress.Proxy) EgressRun) (restore func()) {
+	old := newEgressRun
+	newEgressRun = f
+	return func() { newEgressRun = old }
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"strconv"
 	"sync"
 	"syscall"
@@ -36,6 +37,11 @@ type instance struct {
 	cancel   context.CancelFunc // ends the wait and the attach
 	waited   bool               // a receive from waitC or waitErrC happened
 	p        *process           // the run, once started
+	// net is the egress proxy's run for this container, nil without a
+	// proxy; l its listener in the container's network namespace, once
+	// started.
+	net egressRun
+	l   net.Listener
 }
 
 // createTimeout bounds the preparation of a container.
@@ -60,18 +66,29 @@ func (b *backend) prepare() (*instance, error) {
 	if err != nil {
 		return nil, err
 	}
-	created, err := b.cli.ContainerCreate(ctx, b.spec.config(lease.UID), b.spec.hostConfig(lease.UID), nil, nil, "")
+	// The proxy's environment is the container's: its placeholders are
+	// this container's, which serves one run.
+	var run egressRun
+	var netEnv []string
+	if b.egress != nil {
+		run = b.newRun(b.egress)
+		netEnv = run.Env(proxyURL, caPath)
+	}
+	created, err := b.cli.ContainerCreate(ctx, b.spec.config(lease.UID, netEnv), b.spec.hostConfig(lease.UID), nil, nil, "")
 	if err != nil {
 		// A create that failed in flight may still have made a container
 		// with this uid, but one that nobody starts: no process ever runs
 		// as the uid in it, so the uid is free again.
 		lease.Release()
+		if run != nil {
+			run.Close()
+		}
 		return nil, b.createError(err)
 	}
 	// The wait and the attach live as long as the container: their context
 	// is ended by Discard.
 	lctx, lcancel := context.WithCancel(context.Background())
-	in := &instance{b: b, lease: lease, id: created.ID, cancel: lcancel}
+	in := &instance{b: b, lease: lease, id: created.ID, cancel: lcancel, net: run}
 	// Wait first, then attach: the wait is acknowledged before the container
 	// can exit, and the attach before it can write.
 	in.waitC, in.waitErrC = b.cli.ContainerWait(lctx, in.id, container.WaitConditionNextExit)
@@ -179,6 +196,17 @@ func (in *instance) Start(ctx context.Context, code []byte, stdout, stderr io.Wr
 	if err := b.checkSeccomp(pid); err != nil {
 		return nil, err
 	}
+	// The egress proxy listens in the container before the code can run
+	// (b.egress needs root, so the watch holds the init's pidfd).
+	if in.net != nil {
+		if p.w == nil {
+			return nil, unavailable("a container with network must be watched from the host", "run moat as root", nil)
+		}
+		if in.l, err = listenIn(p.w.pidfd, pid); err != nil {
+			return nil, err
+		}
+		b.serveEgress(in.net, in.l)
+	}
 
 	// The code goes in on stdin; its end closes stdin.
 	hj := in.hj
@@ -209,12 +237,20 @@ func (b *backend) checkSeccomp(pid int) error {
 	return nil
 }
 
-// Discard removes the container, killing it first if it runs; then its uid
-// is free for another container. A container the engine could not remove
+// Discard ends the container's egress run, if any, and removes the
+// container, killing it first if it runs; then its uid is free for another
+// container. A container the engine could not remove
 // keeps its uid leased for the life of the process.
 func (in *instance) Discard() {
 	if in.p != nil {
 		in.p.end()
+	}
+	// The proxy's connections end before the container goes.
+	if in.net != nil {
+		in.net.Close()
+	}
+	if in.l != nil {
+		in.l.Close() // Serve closes it too, but it may have failed first
 	}
 	if in.hj.Conn != nil {
 		in.hj.Close()
@@ -329,6 +365,9 @@ func (p *process) Wait() (engine.Evidence, error) {
 		ev.Pids = ev.Pids || w.pidsHit.Load()
 		ev.FileSize = w.fileAtLimit(int64(b.spec.limits.FileSize), time.Time{})
 		ev.Disk = w.diskFull()
+	}
+	if in.net != nil {
+		ev.Notes = append(ev.Notes, in.net.Notes()...)
 	}
 	return ev, nil
 }

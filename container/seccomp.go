@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,11 +31,18 @@ type profile struct {
 	allowed int    // syscalls allowed, with or without argument checks
 }
 
-// newProfile builds the profile for the running architecture.
-func newProfile() (*profile, error) {
+// newProfile builds the profile for the running architecture. With inet
+// (a Sandbox with an egress proxy), socket also allows AF_INET and
+// AF_INET6 (see allowInet); without it, AF_UNIX only.
+func newProfile(inet bool) (*profile, error) {
 	p, err := seccomp.Docker()
 	if err != nil {
 		return nil, unavailable("moat has no seccomp profile for this architecture", "run moat on amd64 or arm64", err)
+	}
+	if inet {
+		if err := allowInet(p); err != nil {
+			return nil, err
+		}
 	}
 	b, err := p.JSON()
 	if err != nil {
@@ -42,6 +50,72 @@ func newProfile() (*profile, error) {
 	}
 	sum := sha256.Sum256(b)
 	return &profile{json: string(b), digest: "sha256:" + hex.EncodeToString(sum[:]), allowed: len(p.Allowed())}, nil
+}
+
+// The socket families a container with an egress proxy may create, and
+// what socket answers for every other: AF_VSOCK above all must stay closed,
+// since its ports are not namespaced and reach the host.
+const (
+	afUnix  = unix.AF_UNIX  // 1
+	afInet  = unix.AF_INET  // 2
+	afInet6 = unix.AF_INET6 // 10
+)
+
+// allowInet changes p's socket rules from AF_UNIX only to AF_UNIX, AF_INET
+// and AF_INET6, for a container whose network namespace holds only its
+// loopback and moat's proxy listener on it. socketpair stays AF_UNIX only.
+// Every other family (AF_VSOCK, AF_NETLINK, AF_PACKET, ...) and any value
+// with bits above the low 32 (the kernel takes the family as an int, so
+// 1<<32|AF_INET would be AF_INET to it) fail with EAFNOSUPPORT: the rules
+// compare all 64 bits, and the refusals cover exactly the values the
+// allowances do not (0, 3, 4-7, 8-9, and above 10), so that no two rules
+// of socket overlap (libseccomp does not order overlapping rules of one
+// syscall).
+func allowInet(p *seccomp.DockerProfile) error {
+	const (
+		allow    = "SCMP_ACT_ALLOW"
+		errnoAct = "SCMP_ACT_ERRNO"
+		eq       = "SCMP_CMP_EQ"
+		gt       = "SCMP_CMP_GT"
+		maskedEq = "SCMP_CMP_MASKED_EQ"
+	)
+	if afUnix != 1 || afInet != 2 || afInet6 != 10 {
+		return fmt.Errorf("container: socket families are not numbered as the inet profile assumes")
+	}
+	found := 0
+	var rules []seccomp.DockerSyscall
+	for _, r := range p.Syscalls {
+		if !slices.Equal(r.Names, []string{"socket", "socketpair"}) {
+			rules = append(rules, r)
+			continue
+		}
+		found++
+		// socketpair keeps its rule; socket gets the ones below.
+		r.Names = []string{"socketpair"}
+		rules = append(rules, r)
+	}
+	if found != 2 {
+		return fmt.Errorf("container: moat's seccomp profile has %d socket rules, want 2 (allow AF_UNIX, refuse the rest)", found)
+	}
+	refuse := uint(unix.EAFNOSUPPORT)
+	arg := func(op string, v, v2 uint64) []seccomp.DockerArg {
+		return []seccomp.DockerArg{{Index: 0, Value: v, ValueTwo: v2, Op: op}}
+	}
+	for _, f := range []uint64{afUnix, afInet, afInet6} {
+		rules = append(rules, seccomp.DockerSyscall{Names: []string{"socket"}, Action: allow, Args: arg(eq, f, 0),
+			Comment: "unix and inet sockets: the network namespace holds only its loopback, where moat's egress proxy listens"})
+	}
+	for _, a := range [][]seccomp.DockerArg{
+		arg(eq, 0, 0),                // AF_UNSPEC
+		arg(eq, 3, 0),                // AF_AX25
+		arg(maskedEq, ^uint64(3), 4), // 4-7
+		arg(maskedEq, ^uint64(1), 8), // 8-9
+		arg(gt, afInet6, 0),          // 11 and up: AF_NETLINK, AF_PACKET, AF_VSOCK, high bits
+	} {
+		rules = append(rules, seccomp.DockerSyscall{Names: []string{"socket"}, Action: errnoAct, ErrnoRet: &refuse, Args: a})
+	}
+	p.Syscalls = rules
+	return nil
 }
 
 func (p *profile) String() string {
@@ -142,14 +216,19 @@ func procStatus(pid int) (map[string]string, error) {
 // the errors say.
 // A call "got through" when it succeeded, or failed with reached: an
 // errno only the kernel's own code past seccomp gives (ioctl on the probe's
-// stdin, a pipe, answers ENOTTY).
+// stdin, a pipe, answers ENOTTY). A call marked inet is one that the
+// profile of a Sandbox with an egress proxy allows: there it must succeed
+// (the profile is the inet one), elsewhere be refused.
 var probeCalls = []struct {
 	name, code string
 	nr         int // the syscall number the code takes, if any
 	reached    string
+	inet       bool
 }{
 	{name: "socket(AF_VSOCK)", code: "socket.socket(40, socket.SOCK_STREAM).close()"},
-	{name: "socket(AF_INET)", code: "socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()"},
+	{name: "socket(AF_INET)", code: "socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()", inet: true},
+	{name: "socket(AF_NETLINK)", code: "socket.socket(16, socket.SOCK_RAW, 0).close()"},
+	{name: "socket(1<<32|AF_INET)", code: "os.close(call(%d, (1<<32)|2, 1, 0))", nr: unix.SYS_SOCKET},
 	{name: "socketpair(AF_INET)", code: "call(%d, 2, 1, 0, buf(8))", nr: unix.SYS_SOCKETPAIR},
 	{name: "io_uring_setup", code: "call(%d, 1, buf(120))", nr: unix.SYS_IO_URING_SETUP},
 	{name: "memfd_secret", code: "call(%d, 0)", nr: unix.SYS_MEMFD_SECRET},
@@ -172,9 +251,11 @@ def buf(n):
     bufs.append(ctypes.create_string_buffer(n))
     return ctypes.addressof(bufs[-1])
 def call(*a):
-    if libc.syscall(*[ctypes.c_long(x) for x in a]) < 0:
+    r = libc.syscall(*[ctypes.c_long(x) for x in a])
+    if r < 0:
         e = ctypes.get_errno()
         raise OSError(e, "")
+    return r
 def in_child(f):
     # A call that changes the process (tracing, namespaces) is made in a
     # child, which only reports its errno: a traced process stops at its
@@ -243,18 +324,28 @@ func (b *backend) probeSeccomp(ctx context.Context) (*probeResult, error) {
 		return nil, unavailable(fmt.Sprintf("moat's seccomp probe failed in a container (exit %d): %q", res.ExitCode, res.Stderr),
 			"check that the image runs python3 with ctypes", nil)
 	}
-	var through []string
+	var through, refused []string
 	for _, c := range probeCalls {
-		switch v, ok := r.calls[c.name]; {
+		v, ok := r.calls[c.name]
+		got := v == "ok" || v == c.reached
+		switch {
 		case !ok:
 			return nil, unavailable("moat's seccomp probe did not report "+c.name, "check the image", nil)
-		case v == "ok" || v == c.reached:
+		case c.inet && b.spec.egress:
+			if v != "ok" {
+				refused = append(refused, c.name+" "+v)
+			}
+		case got:
 			through = append(through, c.name)
 		}
 	}
 	if len(through) > 0 {
 		return nil, unavailable(fmt.Sprintf("the Docker engine does not enforce moat's seccomp profile: %s succeeded in a container", strings.Join(through, ", ")),
 			"use a dockerd and runc built with seccomp that honour HostConfig.SecurityOpt seccomp=<profile>", nil)
+	}
+	if len(refused) > 0 {
+		return nil, unavailable(fmt.Sprintf("moat's seccomp profile for egress is not the one in force: %s failed in a container", strings.Join(refused, ", ")),
+			"check dockerd and the runtime", nil)
 	}
 	return r, nil
 }

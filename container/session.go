@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -90,6 +91,10 @@ type session struct {
 	interpOn bool
 	interp   *interp
 	ended    string
+	// net is the egress proxy's run for the session's life, nil without
+	// a proxy; l its listener in the container's network namespace.
+	net egressRun
+	l   net.Listener
 
 	mu      sync.Mutex
 	idle    *sync.Cond // signalled when active drops to zero
@@ -130,7 +135,14 @@ func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (eng
 	}
 	s.uid = s.lease.UID
 	s.user = user(s.uid)
-	cfg := b.spec.sessionConfig(s.uid)
+	// One egress run for the session's life: its placeholders are in the
+	// container's environment, which every exec inherits.
+	var netEnv []string
+	if b.egress != nil {
+		s.net = b.newRun(b.egress)
+		netEnv = s.net.Env(proxyURL, caPath)
+	}
+	cfg := b.spec.sessionConfig(s.uid, netEnv)
 	created, err := b.cli.ContainerCreate(cctx, cfg, b.spec.hostConfig(s.uid), nil, nil, "")
 	if err != nil {
 		return nil, b.createError(err)
@@ -165,6 +177,12 @@ func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (eng
 	}
 	if _, err := s.cg.oomKills(); err != nil {
 		return nil, fmt.Errorf("container: the session's OOM kills: %w", err)
+	}
+	if s.net != nil {
+		if s.l, err = listenIn(s.initFd, s.initPid); err != nil {
+			return nil, err
+		}
+		b.serveEgress(s.net, s.l)
 	}
 	root := fmt.Sprintf("/proc/%d/root", s.initPid)
 	for _, p := range b.mountPaths() {
@@ -636,6 +654,13 @@ func (s *session) Close() error {
 	}
 	s.closed = true
 	s.mu.Unlock()
+	// The proxy's connections end before the container goes.
+	if s.net != nil {
+		s.net.Close()
+	}
+	if s.l != nil {
+		s.l.Close()
+	}
 	var err error
 	if s.id != "" {
 		if !s.b.remove(s.id) {
@@ -752,13 +777,18 @@ func (r *sessionRun) Kill() {
 // from the engine, the CPU time from the cgroup, the OOM kills and refused
 // forks counted in the cgroup since the run began, a file at the size limit
 // changed since then, a mount full; then freezes the container.
-func (r *sessionRun) Wait() (engine.Evidence, error) {
+func (r *sessionRun) Wait() (ev engine.Evidence, err error) {
 	defer r.s.leave(true)
 	defer r.close()
 	if r.in != nil {
-		return r.waitInterp()
+		ev, err = r.waitInterp()
+	} else {
+		ev, err = r.waitExec()
 	}
-	return r.waitExec()
+	if err == nil && r.s.net != nil {
+		ev.Notes = append(ev.Notes, r.s.net.Notes()...)
+	}
+	return ev, err
 }
 
 // waitExec waits for a run's own Python to end.

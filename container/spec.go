@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/mount"
 	"github.com/docker/go-units"
 
 	"github.com/moatsandbox/moat"
@@ -51,6 +52,13 @@ type spec struct {
 	labels  map[string]string
 	mounts  []tmpfs
 	seccomp *profile
+	// caHost is the host file holding the egress proxy's CA bundle, bind
+	// mounted read-only at caPath (and over the image's trust store), or
+	// "" without an egress proxy.
+	caHost string
+	// egress: the containers reach moat's egress proxy (see network.go);
+	// the seccomp profile then allows inet sockets.
+	egress bool
 }
 
 // A tmpfs is one of a run's writable mounts. It belongs to the run's own
@@ -89,7 +97,9 @@ func (s *spec) env() []string {
 	}
 }
 
-func newSpec(cfg Config, runtime string, owner map[string]string, prof *profile) *spec {
+// newSpec is the spec of cfg's containers. caHost is the host file of the
+// egress proxy's CA bundle, "" when cfg has no proxy.
+func newSpec(cfg Config, runtime string, owner map[string]string, prof *profile, caHost string) *spec {
 	l := cfg.Limits.WithDefaults()
 	s := &spec{
 		image:   cfg.Image,
@@ -99,6 +109,8 @@ func newSpec(cfg Config, runtime string, owner map[string]string, prof *profile)
 		limits:  l,
 		cpus:    cfg.CPUs,
 		labels:  map[string]string{LabelSandbox: "1", LabelLevel: string(moat.LevelContainer)},
+		caHost:  caHost,
+		egress:  cfg.Egress != nil,
 	}
 	for k, v := range owner {
 		s.labels[k] = v
@@ -124,12 +136,13 @@ func pageRound(n int64) int64 {
 }
 
 // config is the configuration of a container for a run as uid: the
-// command, the user, the environment, no network, stdin open for the code.
-func (s *spec) config(uid int) *container.Config {
+// command, the user, the environment (with netEnv, the egress proxy's, if
+// any, after moat's own), no network, stdin open for the code.
+func (s *spec) config(uid int, netEnv []string) *container.Config {
 	return &container.Config{
 		Image:           s.image,
 		Cmd:             s.cmd(),
-		Env:             s.env(),
+		Env:             slices.Concat(s.env(), netEnv),
 		User:            user(uid),
 		WorkingDir:      image.WorkDir,
 		Hostname:        "sandbox",
@@ -165,8 +178,8 @@ while True:
 // sessionConfig is the configuration of a session's container as uid:
 // as a run's, but its command is the idle init and nothing is attached;
 // each run is an exec in it (runCmd).
-func (s *spec) sessionConfig(uid int) *container.Config {
-	c := s.config(uid)
+func (s *spec) sessionConfig(uid int, netEnv []string) *container.Config {
+	c := s.config(uid, netEnv)
 	c.Cmd = []string{s.python, "-I", "-S", "-c", sessionInit}
 	c.AttachStdin, c.AttachStdout, c.AttachStderr = false, false, false
 	c.OpenStdin, c.StdinOnce = false, false
@@ -201,7 +214,17 @@ func (s *spec) hostConfig(uid int) *container.HostConfig {
 	for _, m := range s.mounts {
 		tmpfs[m.path] = m.opts(uid)
 	}
+	var mounts []mount.Mount
+	if s.caHost != "" {
+		// The egress proxy's CA bundle, read-only: a file moat wrote as
+		// root before any container existed, whose content is public.
+		for _, target := range []string{caPath, trustStore} {
+			mounts = append(mounts, mount.Mount{Type: mount.TypeBind, Source: s.caHost, Target: target, ReadOnly: true,
+				BindOptions: &mount.BindOptions{Propagation: mount.PropagationRPrivate}})
+		}
+	}
 	return &container.HostConfig{
+		Mounts:         mounts,
 		NetworkMode:    "none",
 		ReadonlyRootfs: true,
 		Tmpfs:          tmpfs,

@@ -61,13 +61,13 @@ func TestHostConfigHardening(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	prof, err := newProfile()
+	prof, err := newProfile(false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	const uid = 2100065599
-	sp := newSpec(cfg, "runc-moat", map[string]string{LabelOwner: "42"}, prof)
-	hc, cc := sp.hostConfig(uid), sp.config(uid)
+	sp := newSpec(cfg, "runc-moat", map[string]string{LabelOwner: "42"}, prof, "")
+	hc, cc := sp.hostConfig(uid), sp.config(uid, nil)
 	check := func(ok bool, what string, got any) {
 		t.Helper()
 		if !ok {

@@ -1,5 +1,6 @@
 // Package image builds the sandbox root filesystem that every isolation level
-// above subprocess shares: a minimal Debian with python3, made from Debian's
+// above subprocess shares: a minimal Debian with python3, pip and the CA
+// certificates (see [DefaultPackages]), made from Debian's
 // packages with debootstrap (no container registry involved) and kept in
 // moat's state directory. Package image only builds and describes it; it
 // talks to no engine and links no Docker package (deps_test.go checks that,
@@ -62,16 +63,28 @@ const Python = "/usr/bin/python3"
 // filesystem over it.
 const WorkDir = "/work"
 
+// DefaultPackages are the packages of the image when Config.Packages is
+// empty: python3; python3-pip, so that `python3 -m pip install
+// --index-url ... --target DIR pkg` works through moat's egress proxy where
+// the operator allowed the index (pip also brings setuptools and wheel);
+// and ca-certificates, the image's trust store (/etc/ssl/certs), which the
+// CA bundle the proxy hands the code (SSL_CERT_FILE, PIP_CERT) adds to.
+// They are part of the key: changing them makes every level's image (and
+// the microvm disk made from it) be built afresh.
+var DefaultPackages = []string{"python3", "python3-pip", "ca-certificates"}
+
 // Config says what to build and where to keep it. The zero value builds
-// Debian 12 (bookworm) with python3 from the mirror this machine's apt uses,
-// into the default state directory.
+// Debian 12 (bookworm) with [DefaultPackages] from the mirror this
+// machine's apt uses, into the default state directory.
 type Config struct {
 	// StateDir is moat's state directory. Zero means [DefaultStateDir].
 	StateDir string `json:"state_dir,omitempty"`
 	// Suite is the Debian suite. Zero means "bookworm".
 	Suite string `json:"suite,omitempty"`
 	// Packages are installed on top of debootstrap's minbase variant,
-	// without their Recommends. Zero means python3 only.
+	// without their Recommends. Zero means [DefaultPackages] (python3,
+	// python3-pip, ca-certificates); a list given replaces them, so it
+	// must name python3 itself.
 	Packages []string `json:"packages,omitempty"`
 	// Mirror is the Debian mirror to install from. Zero means the first
 	// mirror that this machine's apt sources list for Suite, or
@@ -114,7 +127,7 @@ func (c Config) WithDefaults() Config {
 		c.Suite = "bookworm"
 	}
 	if len(c.Packages) == 0 {
-		c.Packages = []string{"python3"}
+		c.Packages = slices.Clone(DefaultPackages)
 	}
 	if c.Mirror == "" {
 		c.Mirror = SystemMirror(c.Suite)

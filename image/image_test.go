@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -230,5 +231,25 @@ func TestUnescapeMountPoint(t *testing.T) {
 		if got := unescapeMountPoint(in); got != want {
 			t.Errorf("unescapeMountPoint(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// TestDefaultPackagesHavePip checks that the image a zero Config builds has
+// pip and the trust store, and that they are in the key: an image built
+// before they were added is not taken for one that has them.
+func TestDefaultPackagesHavePip(t *testing.T) {
+	c := Config{StateDir: "/s", Mirror: "http://m/debian"}.WithDefaults()
+	for _, want := range []string{"python3", "python3-pip", "ca-certificates"} {
+		if !slices.Contains(c.Packages, want) {
+			t.Errorf("default packages %v lack %s", c.Packages, want)
+		}
+	}
+	old := Config{StateDir: "/s", Mirror: "http://m/debian", Packages: []string{"python3"}}
+	if c.Key() == old.Key() {
+		t.Errorf("the default key is that of python3 alone: setup would not rebuild an image without pip")
+	}
+	c.Packages[0] = "changed"
+	if DefaultPackages[0] != "python3" {
+		t.Errorf("WithDefaults shares DefaultPackages with its result: a caller's change reached it")
 	}
 }

@@ -60,6 +60,21 @@
 // between runs, that sessions are kept apart, the live interpreter, and
 // closing (see TestSessions for the list).
 //
+// The network through moat's egress proxy has a suite of its own,
+// [TestNetwork], which a level with Config.Egress runs with a factory that
+// takes the proxy (nil: no network):
+//
+//	sandboxtest.TestNetwork(t, func(t *testing.T, p *egress.Proxy) moat.Sandbox { ... }, sandboxtest.NetworkOptions{})
+//
+// It stands up loopback upstreams (HTTP, HTTPS, a package index serving a
+// wheel it builds, a name server for the proxy, a UDP listener) reached
+// by names pinned with Network.Resolve, and checks from what they
+// recorded that allowed names are reached, that unlisted names, IP
+// addresses, names resolving to loopback, DNS, UDP, direct connections and
+// SNI fronting are refused, that a secret reaches only its host as the
+// real value while the code holds a placeholder, that pip installs through
+// the proxy, and that a sandbox without a proxy has no network.
+//
 // The suite judges from the host where it can (processes, files) and never
 // from the level's own word alone. It needs python3 in the sandbox, runs as
 // the level's tests run (as root on CI), and must not be called from a

@@ -6,9 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
+	"slices"
 	"time"
 
 	"github.com/moatsandbox/moat"
@@ -19,13 +22,35 @@ import (
 type Token struct {
 	Name  string `json:"name"`
 	Token string `json:"token"`
+	// NetworkProfiles are the network profiles (keys of Config.Profiles)
+	// its holder may ask for by name. Empty means none: the holder's runs
+	// and sessions get the default sandboxes only.
+	NetworkProfiles []string `json:"network_profiles,omitempty"`
 }
 
 // Config configures a Server. Zero values are documented per field.
 type Config struct {
 	// Sandboxes are the levels served. At least one is required. The
-	// server does not close them.
+	// server does not close them. A request that names no network
+	// profile gets these, with whatever egress policy they were opened
+	// with (the operator's top-level one).
 	Sandboxes map[moat.Level]moat.Sandbox `json:"-"`
+	// Profiles are the network profiles: per profile name, its sandboxes
+	// per level, opened with the profile's egress policy. A run or
+	// session that names a profile ("network": "NAME") its token may use
+	// (Token.NetworkProfiles) gets that profile's sandbox of its level;
+	// the request itself never carries a policy. Each profile's levels
+	// must be served (keys of Sandboxes); a level a profile lacks is not
+	// served with that profile. Nil means no profiles. The server does
+	// not close them.
+	Profiles map[string]map[moat.Level]moat.Sandbox `json:"-"`
+	// ProfilePolicies are the egress policies of Profiles, by the same
+	// names, as GET /v1/network_profiles shows them to the tokens that
+	// may use them: allowed hosts, and the names and hosts of secrets,
+	// never their values nor where they come from. The server does not
+	// enforce them (the sandboxes do). A profile without an entry is
+	// listed by name and levels only.
+	ProfilePolicies map[string]moat.Egress `json:"-"`
 	// DefaultLevel is used when a request names none. Zero means
 	// subprocess when served, else the lightest level served.
 	DefaultLevel moat.Level `json:"default_level,omitempty"`
@@ -222,6 +247,28 @@ func (c Config) Validate() error {
 	if len(c.Tokens) == 0 {
 		errs = append(errs, errors.New("no bearer token: give at least one"))
 	}
+	for _, name := range slices.Sorted(maps.Keys(c.Profiles)) {
+		lv := c.Profiles[name]
+		if !profileName.MatchString(name) {
+			errs = append(errs, fmt.Errorf("network profile %q: a name is lower-case letters, digits, - and _", name))
+		}
+		if len(lv) == 0 {
+			errs = append(errs, fmt.Errorf("network profile %q has no sandbox", name))
+		}
+		for l, sb := range lv {
+			if _, ok := c.Sandboxes[l]; !ok {
+				errs = append(errs, fmt.Errorf("network profile %q: level %s is not served", name, l))
+			}
+			if sb == nil {
+				errs = append(errs, fmt.Errorf("network profile %q: level %s has no sandbox", name, l))
+			}
+		}
+	}
+	for name := range c.ProfilePolicies {
+		if _, ok := c.Profiles[name]; !ok {
+			errs = append(errs, fmt.Errorf("network profile %q has a policy but no sandboxes", name))
+		}
+	}
 	names, secrets := map[string]bool{}, map[string]string{}
 	for i, t := range c.Tokens {
 		if t.Name == "" || len(t.Token) < 16 {
@@ -237,6 +284,11 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("tokens %q and %q have the same secret", other, t.Name))
 		}
 		secrets[t.Token] = t.Name
+		for _, p := range t.NetworkProfiles {
+			if _, ok := c.Profiles[p]; !ok {
+				errs = append(errs, fmt.Errorf("token %q: network profile %q is not defined", t.Name, p))
+			}
+		}
 	}
 	if c.MaxCodeBytes < 0 || c.MaxBodyBytes < 0 || c.MaxFileBytes < 0 || c.MaxSessionsPerToken < 0 ||
 		c.MaxConcurrentRuns < 0 || c.QueueLength < 0 || c.QueueWait < 0 || c.SessionTTL < 0 ||
@@ -266,5 +318,10 @@ func DefaultStateDir() string {
 	home, _ := os.UserHomeDir()
 	return filepath.Join(home, ".local", "state", "moat")
 }
+
+// profileName is what a network profile may be called (as in moat's
+// config file): it goes in logs, metric labels and the tokens file's
+// comma-separated lists.
+var profileName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
 
 func numCPU() int { return runtime.NumCPU() }

@@ -29,6 +29,10 @@ var (
 	errMethod        = errors.New("server: method not allowed")
 	errShuttingDown  = errors.New("server: shutting down")
 	errSessionClosed = errors.New("server: session ended")
+	// errProfileForbidden is both a profile the token may not use and
+	// one that does not exist: the answer does not tell which, so that a
+	// token cannot learn the names of profiles granted to others.
+	errProfileForbidden = errors.New("server: network profile not granted to this token")
 )
 
 // errorTable maps error classes to HTTP statuses and stable codes, first
@@ -43,6 +47,7 @@ var errorTable = []struct {
 	{errSessionClosed, http.StatusNotFound, "not_found"},
 	{fs.ErrNotExist, http.StatusNotFound, "not_found"},
 	{errMethod, http.StatusMethodNotAllowed, "method_not_allowed"},
+	{errProfileForbidden, http.StatusForbidden, "network_profile_forbidden"},
 	{errBodyTooLarge, http.StatusRequestEntityTooLarge, "body_too_large"},
 	{errCodeTooLarge, http.StatusRequestEntityTooLarge, "code_too_large"},
 	{errBadRequest, http.StatusBadRequest, "bad_request"},

@@ -18,6 +18,11 @@ type metrics struct {
 	sessionEnd *prometheus.CounterVec
 	overflows  prometheus.Counter
 	conns      prometheus.Gauge
+
+	// By network profile, for the runs and sessions that name one
+	// (moat_runs_total and moat_sessions_active count them too).
+	profileRuns     *prometheus.CounterVec
+	profileSessions *prometheus.GaugeVec
 }
 
 func newMetrics() *metrics {
@@ -64,8 +69,16 @@ func newMetrics() *metrics {
 			Name: "moat_http_connections",
 			Help: "Connections open on the server's listeners.",
 		}),
+		profileRuns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "moat_network_profile_runs_total",
+			Help: "Runs finished under a network profile, by profile and level (runs without one are not counted here).",
+		}, []string{"profile", "level"}),
+		profileSessions: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "moat_network_profile_sessions_active",
+			Help: "Sessions alive under a network profile, by profile.",
+		}, []string{"profile"}),
 	}
-	m.reg.MustRegister(m.runs, m.latency, m.sessions, m.queue, m.running, m.rejected, m.recovered, m.sessionEnd, m.overflows, m.conns,
+	m.reg.MustRegister(m.profileRuns, m.profileSessions, m.runs, m.latency, m.sessions, m.queue, m.running, m.rejected, m.recovered, m.sessionEnd, m.overflows, m.conns,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
 }

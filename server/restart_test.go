@@ -27,7 +27,9 @@ import (
 
 // The test binary doubles as a server process: with MOAT_TEST_SERVER_STATE
 // set it serves on 127.0.0.1, writes its address to the file named by
-// MOAT_TEST_SERVER_ADDR, and shuts down gracefully on SIGTERM.
+// MOAT_TEST_SERVER_ADDR, and shuts down gracefully on SIGTERM. It serves a
+// subprocess sandbox, or with MOAT_TEST_SERVER_FAKE=1 the fakes of
+// profileFakes (no root needed).
 // After the tests, no child process of the test binary may be left.
 func TestMain(m *testing.M) {
 	if state := os.Getenv("MOAT_TEST_SERVER_STATE"); state != "" {
@@ -40,18 +42,24 @@ func serverChild(state, addrFile string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	sb, err := subprocess.New(subprocess.Config{Limits: moat.Limits{WallTime: moat.Duration(time.Minute)}, Logger: log})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+	var cfg server.Config
+	if os.Getenv("MOAT_TEST_SERVER_FAKE") == "1" {
+		cfg = newProfileFakes().config(state)
+	} else {
+		sb, err := subprocess.New(subprocess.Config{Limits: moat.Limits{WallTime: moat.Duration(time.Minute)}, Logger: log})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer sb.Close()
+		cfg = server.Config{
+			Sandboxes: map[moat.Level]moat.Sandbox{moat.LevelSubprocess: sb},
+			Tokens:    []server.Token{{Name: "a", Token: tokenA}},
+			StateDir:  state,
+		}
 	}
-	defer sb.Close()
-	srv, err := server.New(server.Config{
-		Sandboxes: map[moat.Level]moat.Sandbox{moat.LevelSubprocess: sb},
-		Tokens:    []server.Token{{Name: "a", Token: tokenA}},
-		StateDir:  state,
-		Logger:    log,
-	})
+	cfg.Logger = log
+	srv, err := server.New(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -89,22 +97,26 @@ func serverChild(state, addrFile string) int {
 type childServer struct {
 	cmd  *exec.Cmd
 	URL  string
+	log  string        // the file of its standard error
 	done chan struct{} // closed once the process is reaped
 	err  error         // cmd.Wait's
 }
 
-func startChild(t *testing.T, state string) *childServer {
+// startChild starts a server process on state, with env added to its
+// environment.
+func startChild(t *testing.T, state string, env ...string) *childServer {
 	t.Helper()
 	addrFile := filepath.Join(t.TempDir(), "addr")
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "MOAT_TEST_SERVER_STATE="+state, "MOAT_TEST_SERVER_ADDR="+addrFile)
+	cmd.Env = append(append(os.Environ(), "MOAT_TEST_SERVER_STATE="+state, "MOAT_TEST_SERVER_ADDR="+addrFile), env...)
 	cmd.Stdout = os.Stderr
-	logf, _ := os.Create(filepath.Join(t.TempDir(), "log"))
+	logPath := filepath.Join(t.TempDir(), "log")
+	logf, _ := os.Create(logPath)
 	cmd.Stderr = logf
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	c := &childServer{cmd: cmd, done: make(chan struct{})}
+	c := &childServer{cmd: cmd, log: logPath, done: make(chan struct{})}
 	go func() { c.err = cmd.Wait(); close(c.done) }()
 	t.Cleanup(func() {
 		cmd.Process.Kill()

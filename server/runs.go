@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -17,9 +18,27 @@ import (
 
 // runRequest is the body of POST /v1/runs and POST /v1/sessions/{id}/runs.
 type runRequest struct {
-	Level  moat.Level `json:"level,omitempty"` // one-shot runs only
-	Code   *string    `json:"code"`
-	Stream bool       `json:"stream,omitempty"`
+	Level moat.Level `json:"level,omitempty"` // one-shot runs only
+	// Network names the network profile of a one-shot run; a session's
+	// run may only repeat its session's.
+	Network profileRef `json:"network,omitempty"`
+	Code    *string    `json:"code"`
+	Stream  bool       `json:"stream,omitempty"`
+}
+
+// profileRef is a request's "network": the name of a network profile the
+// operator defined, or empty (or null) for the default sandboxes. Anything
+// but a string is refused, an object or a list of hosts above all: a
+// request never carries a policy of its own.
+type profileRef string
+
+func (p *profileRef) UnmarshalJSON(b []byte) error {
+	var name string
+	if err := json.Unmarshal(b, &name); err != nil {
+		return badRequest("network: want the name of a network profile (a string, see GET /v1/network_profiles); a request cannot carry a policy of its own")
+	}
+	*p = profileRef(name)
+	return nil
 }
 
 func (s *Server) readRun(w http.ResponseWriter, r *http.Request) (runRequest, error) {
@@ -39,13 +58,29 @@ func (s *Server) readRun(w http.ResponseWriter, r *http.Request) (runRequest, er
 	return req, nil
 }
 
-func (s *Server) sandbox(l moat.Level) (moat.Level, moat.Sandbox, error) {
+// sandbox returns what owner's request for level l (empty: the default
+// level) and network profile network (empty: none) runs in: a default
+// sandbox, or the profile's sandbox of that level when owner's token may
+// use the profile. A profile that exists but is not the token's, and one
+// that does not exist, get the same error.
+func (s *Server) sandbox(owner string, l moat.Level, network profileRef) (moat.Level, moat.Sandbox, error) {
 	if l == "" {
 		l = s.cfg.DefaultLevel
+	}
+	if network != "" && !s.grants[owner][string(network)] {
+		// The log, for the operator, tells the two cases apart.
+		_, exists := s.cfg.Profiles[string(network)]
+		s.log.Info("server: network profile refused", "owner", owner, "network", string(network), "defined", exists)
+		return l, nil, fmt.Errorf("network profile %q is not one this token may use (see GET /v1/network_profiles): %w", network, errProfileForbidden)
 	}
 	sb, ok := s.cfg.Sandboxes[l]
 	if !ok {
 		return l, nil, fmt.Errorf("level %q is not served here (see GET /v1/levels): %w", l, errUnknownLevel)
+	}
+	if network != "" {
+		if sb, ok = s.cfg.Profiles[string(network)][l]; !ok {
+			return l, nil, fmt.Errorf("level %s is not served with network profile %q (see GET /v1/network_profiles): %w", l, network, errUnknownLevel)
+		}
 	}
 	return l, sb, nil
 }
@@ -55,11 +90,11 @@ func (s *Server) handleRun(w http.ResponseWriter, r *http.Request, owner string)
 	if err != nil {
 		return err
 	}
-	level, sb, err := s.sandbox(req.Level)
+	level, sb, err := s.sandbox(owner, req.Level, req.Network)
 	if err != nil {
 		return err
 	}
-	return s.execute(w, r, owner, level, "", sb.Run, req)
+	return s.execute(w, r, owner, level, string(req.Network), "", sb.Run, req)
 }
 
 // runFunc is a Sandbox's or a Session's Run.
@@ -85,8 +120,9 @@ func (s *Server) acquireSlot(ctx context.Context, owner string) (release func(),
 // and the answer is written after: a client that reads slowly, or not at
 // all, holds its connection and the result in memory (bounded by the output
 // cap), never a slot. A streaming run never waits for its client either
-// (see sseWriter).
-func (s *Server) execute(w http.ResponseWriter, r *http.Request, owner string, level moat.Level, sessionID string, run runFunc, req runRequest) error {
+// (see sseWriter). network is the run's network profile, for the logs and
+// metrics ("" for none).
+func (s *Server) execute(w http.ResponseWriter, r *http.Request, owner string, level moat.Level, network, sessionID string, run runFunc, req runRequest) error {
 	ctx := r.Context()
 	release, err := s.acquireSlot(ctx, owner)
 	if err != nil {
@@ -121,6 +157,10 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request, owner string, l
 	}
 	s.metrics.runs.WithLabelValues(string(level), reason).Inc()
 	attrs := []any{"id", id, "level", level, "owner", owner, "duration", elapsed, "reason", reason}
+	if network != "" {
+		s.metrics.profileRuns.WithLabelValues(network, string(level)).Inc()
+		attrs = append(attrs, "network", network)
+	}
 	if sessionID != "" {
 		attrs = append(attrs, "session", sessionID)
 	}

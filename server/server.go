@@ -1,6 +1,7 @@
 // Package server is moat's HTTP API: one-shot runs, sessions with files and
 // an optional live interpreter, streaming of a run's output as server-sent
-// events, bearer-token auth, caps, run slots shared fairly between tokens
+// events, bearer-token auth, named network profiles that a token may be
+// granted (a request names one, never a policy of its own), caps, run slots shared fairly between tokens
 // with a bounded queue, timeouts that no slow client outlasts, Prometheus
 // metrics, and session records in an embedded database so that a restarted
 // server knows what a crashed one left behind.
@@ -23,8 +24,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -45,6 +48,9 @@ type Server struct {
 	store   *store
 	metrics *metrics
 	tokens  []tokenHash
+	// grants are the network profiles each token may use, by token
+	// name; read-only after New.
+	grants  map[string]map[string]bool
 	handler http.Handler
 
 	slots *slots
@@ -92,8 +98,13 @@ func New(cfg Config) (*Server, error) {
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
+	s.grants = map[string]map[string]bool{}
 	for _, t := range cfg.Tokens {
 		s.tokens = append(s.tokens, tokenHash{t.Name, sha256.Sum256([]byte(t.Token))})
+		s.grants[t.Name] = map[string]bool{}
+		for _, p := range t.NetworkProfiles {
+			s.grants[t.Name][p] = true
+		}
 	}
 	s.slots = newSlots(cfg.MaxConcurrentRuns, cfg.MaxRunsPerToken, cfg.QueueLength, cfg.QueuePerToken, func(running, waiting int) {
 		s.metrics.running.Set(float64(running))
@@ -107,12 +118,18 @@ func New(cfg Config) (*Server, error) {
 	for l := range cfg.Sandboxes {
 		s.metrics.sessions.WithLabelValues(string(l)).Set(0)
 	}
+	for p := range cfg.Profiles {
+		s.metrics.profileSessions.WithLabelValues(p).Set(0)
+	}
 	s.handler = s.routes()
 	go s.sweep()
 	return s, nil
 }
 
-// recover removes the records of sessions a previous server left.
+// recover removes the records of sessions a previous server left. A
+// session's network profile is only named in the log: the session is gone
+// whichever profile it had, and whether or not this server still defines
+// that profile.
 func (s *Server) recover() error {
 	recs, err := s.store.all()
 	if err != nil {
@@ -120,7 +137,7 @@ func (s *Server) recover() error {
 	}
 	for _, r := range recs {
 		s.log.Warn("server: removing a session left by a server that did not shut down cleanly",
-			"session", r.ID, "owner", r.Owner, "level", r.Level, "backend", r.Backend, "created_at", r.CreatedAt, "pid", r.PID)
+			"session", r.ID, "owner", r.Owner, "level", r.Level, "network", r.Network, "backend", r.Backend, "created_at", r.CreatedAt, "pid", r.PID)
 		if err := s.store.delete(r.ID); err != nil {
 			return fmt.Errorf("server: %w", err)
 		}
@@ -236,6 +253,7 @@ func (s *Server) routeTable() []route {
 		{"GET", "/metrics", true, nil}, // promhttp
 		{"GET", "/openapi.json", true, s.handleOpenAPI},
 		{"GET", "/v1/levels", false, s.handleLevels},
+		{"GET", "/v1/network_profiles", false, s.handleNetworkProfiles},
 		{"POST", "/v1/runs", false, s.handleRun},
 		{"POST", "/v1/sessions", false, s.handleCreateSession},
 		{"GET", "/v1/sessions", false, s.handleListSessions},
@@ -318,6 +336,48 @@ func (s *Server) handleLevels(w http.ResponseWriter, r *http.Request, _ string) 
 		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"levels": out})
+	return nil
+}
+
+// profileInfo describes a network profile to a token that may use it.
+type profileInfo struct {
+	Name string `json:"name"`
+	// Levels are the levels served with the profile.
+	Levels []moat.Level `json:"levels"`
+	// Allow is the profile's network.allow; nil when the server was not
+	// given the profile's policy.
+	Allow   []string     `json:"allow"`
+	Secrets []secretInfo `json:"secrets,omitempty"`
+}
+
+// secretInfo is a secret as a token holder may see it: the variable the
+// code gets a placeholder in, and the hosts that get the real value.
+type secretInfo struct {
+	Name  string   `json:"name"`
+	Hosts []string `json:"hosts"`
+}
+
+func (s *Server) handleNetworkProfiles(w http.ResponseWriter, r *http.Request, owner string) error {
+	out := []profileInfo{}
+	for _, name := range slices.Sorted(maps.Keys(s.grants[owner])) {
+		p := profileInfo{Name: name, Levels: []moat.Level{}}
+		for _, l := range moat.Levels {
+			if _, ok := s.cfg.Profiles[name][l]; ok {
+				p.Levels = append(p.Levels, l)
+			}
+		}
+		if e, ok := s.cfg.ProfilePolicies[name]; ok {
+			p.Allow = []string{}
+			if e.Network != nil {
+				p.Allow = append(p.Allow, e.Network.Allow...)
+			}
+			for _, sn := range slices.Sorted(maps.Keys(e.Secrets)) {
+				p.Secrets = append(p.Secrets, secretInfo{Name: sn, Hosts: append([]string{}, e.Secrets[sn].Hosts...)})
+			}
+		}
+		out = append(out, p)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"network_profiles": out})
 	return nil
 }
 

@@ -223,6 +223,11 @@ func TestExpiry(t *testing.T) {
 	eventually(t, 10*time.Second, "the busy session ends once idle", func() bool {
 		return call(t, "GET", ts.URL+"/v1/sessions/"+busy, tokenA, nil).Status == 404
 	})
+	// A session is 404 as soon as it is taken from the table; it is
+	// counted once its sandbox session is closed, which takes a moment.
+	eventually(t, 10*time.Second, "the ended sessions are counted", func() bool {
+		return metric(t, ts, `moat_sessions_ended_total{cause="idle"}`) >= 2 && metric(t, ts, `moat_sessions_ended_total{cause="expired"}`) >= 1
+	})
 	if v := metric(t, ts, `moat_sessions_ended_total{cause="expired"}`); v != 1 {
 		t.Errorf("expired: %v", v)
 	}

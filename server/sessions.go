@@ -28,6 +28,7 @@ type session struct {
 type sessionView struct {
 	ID           string        `json:"id"`
 	Level        moat.Level    `json:"level"`
+	Network      string        `json:"network,omitempty"`
 	Interpreter  bool          `json:"interpreter"`
 	CreatedAt    time.Time     `json:"created_at"`
 	ExpiresAt    time.Time     `json:"expires_at"`
@@ -39,7 +40,7 @@ func (ss *session) view() sessionView {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	return sessionView{
-		ID: ss.rec.ID, Level: ss.rec.Level, Interpreter: ss.rec.Interpreter,
+		ID: ss.rec.ID, Level: ss.rec.Level, Network: ss.rec.Network, Interpreter: ss.rec.Interpreter,
 		CreatedAt: ss.rec.CreatedAt, ExpiresAt: ss.rec.ExpiresAt,
 		IdleTimeout: ss.rec.IdleTimeout, LastActiveAt: ss.lastActive,
 	}
@@ -47,7 +48,9 @@ func (ss *session) view() sessionView {
 
 // createRequest is the body of POST /v1/sessions.
 type createRequest struct {
-	Level       moat.Level     `json:"level,omitempty"`
+	Level moat.Level `json:"level,omitempty"`
+	// Network names the session's network profile, for all its life.
+	Network     profileRef     `json:"network,omitempty"`
 	TTL         *moat.Duration `json:"ttl,omitempty"`
 	IdleTimeout *moat.Duration `json:"idle_timeout,omitempty"`
 	Interpreter bool           `json:"interpreter,omitempty"`
@@ -60,7 +63,7 @@ func (s *Server) handleCreateSession(w http.ResponseWriter, r *http.Request, own
 			return err
 		}
 	}
-	level, sb, err := s.sandbox(req.Level)
+	level, sb, err := s.sandbox(owner, req.Level, req.Network)
 	if err != nil {
 		return err
 	}
@@ -120,7 +123,7 @@ func (s *Server) handleCreateSession(w http.ResponseWriter, r *http.Request, own
 	now := time.Now().UTC()
 	ss := &session{
 		rec: record{
-			ID: id, Owner: owner, Level: level, Interpreter: req.Interpreter,
+			ID: id, Owner: owner, Level: level, Network: string(req.Network), Interpreter: req.Interpreter,
 			CreatedAt: now, ExpiresAt: now.Add(time.Duration(ttl)), IdleTimeout: idle, PID: os.Getpid(),
 		},
 		sess:       sess,
@@ -144,7 +147,10 @@ func (s *Server) handleCreateSession(w http.ResponseWriter, r *http.Request, own
 	s.sessions[id] = ss
 	s.mu.Unlock()
 	s.metrics.sessions.WithLabelValues(string(level)).Inc()
-	s.log.Info("session created", "session", id, "owner", owner, "level", level, "interpreter", req.Interpreter, "ttl", ttl, "idle_timeout", idle, "backend", ss.rec.Backend)
+	if req.Network != "" {
+		s.metrics.profileSessions.WithLabelValues(string(req.Network)).Inc()
+	}
+	s.log.Info("session created", "session", id, "owner", owner, "level", level, "network", string(req.Network), "interpreter", req.Interpreter, "ttl", ttl, "idle_timeout", idle, "backend", ss.rec.Backend)
 	writeJSON(w, http.StatusCreated, ss.view())
 	return nil
 }
@@ -212,8 +218,11 @@ func (s *Server) endSession(ss *session, cause string) {
 		s.log.Warn("server: forgetting a session", "session", ss.rec.ID, "err", err)
 	}
 	s.metrics.sessions.WithLabelValues(string(ss.rec.Level)).Dec()
+	if ss.rec.Network != "" {
+		s.metrics.profileSessions.WithLabelValues(ss.rec.Network).Dec()
+	}
 	s.metrics.sessionEnd.WithLabelValues(cause).Inc()
-	s.log.Info("session ended", "session", ss.rec.ID, "owner", ss.rec.Owner, "level", ss.rec.Level, "cause", cause)
+	s.log.Info("session ended", "session", ss.rec.ID, "owner", ss.rec.Owner, "level", ss.rec.Level, "network", ss.rec.Network, "cause", cause)
 }
 
 // sweep ends expired and idle sessions until Shutdown.
@@ -301,5 +310,10 @@ func (s *Server) handleSessionRun(w http.ResponseWriter, r *http.Request, owner 
 	if req.Level != "" && req.Level != ss.rec.Level {
 		return fmt.Errorf("the session's level is %s, not %s: %w", ss.rec.Level, req.Level, moat.ErrInvalid)
 	}
-	return s.execute(w, r, owner, ss.rec.Level, ss.rec.ID, ss.sess.Run, req)
+	// The session's network profile was chosen, and checked against the
+	// token, when it was made; a run can name only that one.
+	if req.Network != "" && string(req.Network) != ss.rec.Network {
+		return fmt.Errorf("the session's network profile is %q, not %q: a session keeps the profile it was created with: %w", ss.rec.Network, req.Network, moat.ErrInvalid)
+	}
+	return s.execute(w, r, owner, ss.rec.Level, ss.rec.Network, ss.rec.ID, ss.sess.Run, req)
 }

@@ -15,9 +15,12 @@ import (
 // record is what the database keeps of a session: enough to know, after a
 // crash, what existed and what to remove.
 type record struct {
-	ID          string        `json:"id"`
-	Owner       string        `json:"owner"` // the token's name
-	Level       moat.Level    `json:"level"`
+	ID    string     `json:"id"`
+	Owner string     `json:"owner"` // the token's name
+	Level moat.Level `json:"level"`
+	// Network is the session's network profile, "" for none. It is fixed
+	// at creation: every run of the session is under it.
+	Network     string        `json:"network,omitempty"`
 	Interpreter bool          `json:"interpreter"`
 	CreatedAt   time.Time     `json:"created_at"`
 	ExpiresAt   time.Time     `json:"expires_at"`

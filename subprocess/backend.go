@@ -45,6 +45,7 @@ type backend struct {
 	pyFiles   []string        // strict only: its binary and shared library outside readOnlyDirs
 	rootDir   string          // strict only: where the helpers mount the runs' roots
 	uids      *uidpool.Pool   // strict only
+	caPath    string          // with Config.Egress: the proxy's CA bundle (network.go)
 	notes     []string
 	log       *slog.Logger
 	// take is the engine's Sandbox.Take, set once the engine is made.
@@ -86,9 +87,13 @@ func (b *backend) takeHelper(ctx context.Context) (*helperProc, error) {
 	return h, nil
 }
 
-// Close releases nothing: every instance, run and session has released its
-// own by then, and the owner lock lasts as long as this process.
-func (b *backend) Close() error { return nil }
+// Close removes the egress proxy's CA bundle, if any; every instance, run
+// and session has released its own by then, and the owner lock lasts as
+// long as this process.
+func (b *backend) Close() error {
+	b.removeCA()
+	return nil
+}
 
 // pythonCandidates are tried in order when Config.Python is empty.
 var pythonCandidates = []string{"/usr/bin/python3", "/usr/local/bin/python3"}
@@ -111,9 +116,14 @@ func (b *backend) details() []string {
 		d = append(d,
 			fmt.Sprintf("cgroup: v%d (memory, pids, cpu account)", b.cg.Version()),
 			fmt.Sprintf("landlock: ABI %d", abi),
-			"namespaces: pid, ipc, net (loopback down), mount (own root, own procfs with hidepid)",
+			"namespaces: pid, ipc, net, mount (own root, own procfs with hidepid)",
 			"seccomp: filter installed per run",
 			fmt.Sprintf("uids: %d-%d", b.cfg.UIDFirst, b.cfg.UIDFirst+b.cfg.UIDCount-1))
+		if b.cfg.Egress != nil {
+			d = append(d, "network: the run's own network namespace, loopback only, with moat's egress proxy listener placed in it ("+b.cfg.Egress.Describe()+")")
+		} else {
+			d = append(d, "network: none (the run's own network namespace, loopback down)")
+		}
 	}
 	return d
 }
@@ -179,6 +189,9 @@ func prepare(cfg Config) (*backend, error) {
 	}
 
 	if !b.strict {
+		if cfg.Egress != nil {
+			return nil, errNetworkNeedsStrict()
+		}
 		if _, err := os.Stat(prlimit); err != nil {
 			return nil, unavailable("tutorial hardening needs "+prlimit+" to set RLIMIT_AS", "install util-linux", err)
 		}

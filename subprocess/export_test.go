@@ -1,6 +1,11 @@
 package subprocess
 
-import "time"
+import (
+	"net"
+	"time"
+
+	"github.com/moatsandbox/moat/internal/egress"
+)
 
 // Hooks for the external tests. They are meant for the time between runs.
 
@@ -42,4 +47,13 @@ func SetListCaps(n, bytes int) (restore func()) {
 	on, ob := maxList, maxListBytes
 	maxList, maxListBytes = n, bytes
 	return func() { maxList, maxListBytes = on, ob }
+}
+
+// ServeEgress puts handle behind every egress listener a run is given, in
+// place of the proxy's Serve, until restore is called. Call it before New
+// and restore after Close.
+func ServeEgress(handle func(l net.Listener)) (restore func()) {
+	old := serve
+	serve = func(_ *backend, _ *egress.Run, l net.Listener) { handle(l) }
+	return func() { serve = old }
 }

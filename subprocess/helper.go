@@ -68,6 +68,9 @@ type spec struct {
 	NoNewPrivs bool      `json:"nnp,omitempty"`
 	Landlock   *lockSpec `json:"landlock,omitempty"`
 	Seccomp    bool      `json:"seccomp,omitempty"`
+	// Network selects seccomp's TCP variant (network.go): the run's
+	// namespace holds moat's egress listener.
+	Network bool `json:"net,omitempty"`
 }
 
 type rlimit struct {
@@ -82,6 +85,9 @@ type lockSpec struct {
 	ExecFiles []string `json:"xf"`  // single files: read and execute
 	RWFiles   []string `json:"rwf"` // single files: read and write (/dev/null)
 	Work      string   `json:"work"`
+	// ConnectTCP are the TCP ports the code may connect to (ABI 4+):
+	// the egress proxy's, or none.
+	ConnectTCP []uint16 `json:"tcp,omitempty"`
 }
 
 // helperMain returns the helper's exit status.
@@ -135,7 +141,11 @@ func helperMain() int {
 		}
 	}
 	if sp.Seccomp {
-		prog, err := seccomp.Filter()
+		filter := seccomp.Filter
+		if sp.Network {
+			filter = seccomp.FilterTCP
+		}
+		prog, err := filter()
 		if err != nil {
 			return fail("seccomp", err)
 		}
@@ -235,8 +245,8 @@ const workAccess = llsys.AccessFSWriteFile | llsys.AccessFSReadFile | llsys.Acce
 
 // restrictLandlock enforces the ruleset on the calling thread; python3
 // inherits it. Every access right the kernel's ABI knows is handled, so
-// anything not granted below is denied: TCP bind and connect (ABI 4+) get no
-// rule at all, and abstract unix sockets and signals are scoped to the
+// anything not granted below is denied: TCP bind (ABI 4+) gets no rule at
+// all, TCP connect none but to the ports of l.ConnectTCP, and abstract unix sockets and signals are scoped to the
 // sandbox (ABI 6+).
 func restrictLandlock(l *lockSpec) error {
 	abi, err := llsys.LandlockGetABIVersion()
@@ -249,6 +259,9 @@ func restrictLandlock(l *lockSpec) error {
 		landlock.PathAccess(llsys.AccessFSExecute|llsys.AccessFSReadFile, l.ExecFiles...).IgnoreIfMissing(),
 		landlock.RWFiles(l.RWFiles...).IgnoreIfMissing(),
 		landlock.PathAccess(workAccess, l.Work),
+	}
+	for _, port := range l.ConnectTCP {
+		rules = append(rules, landlock.ConnectTCP(port))
 	}
 	// BestEffort only drops what this kernel's ABI cannot express; the ABI
 	// floor above keeps the filesystem rules mandatory.

@@ -2,6 +2,7 @@ package subprocess
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"syscall"
@@ -28,6 +29,10 @@ type helperProc struct {
 	status *os.File // read end of the helper's fd 3
 	stdout *os.File // read end of python3's stdout
 	stderr *os.File // read end of python3's stderr
+	// listener is the egress proxy's listener in the helper's network
+	// namespace (network.go), nil without Config.Egress. It is closed
+	// with the helper's files.
+	listener net.Listener
 }
 
 // startHelper starts a helper that waits for its spec.
@@ -56,7 +61,16 @@ func (b *backend) startHelper() (*helperProc, error) {
 		closeAll([]*os.File{specW, statusR, outR, errR})
 		return nil, unavailable("cannot start the sandbox helper", "", err)
 	}
-	return &helperProc{cmd: cmd, spec: specW, status: statusR, stdout: outR, stderr: errR}, nil
+	h := &helperProc{cmd: cmd, spec: specW, status: statusR, stdout: outR, stderr: errR}
+	if b.cfg.Egress != nil {
+		// Placed now, before the helper is given any run: the pid is
+		// our child's, not yet waited for, so it names this helper.
+		if h.listener, err = b.listenIn(cmd.Process.Pid); err != nil {
+			h.discard()
+			return nil, err
+		}
+	}
+	return h, nil
 }
 
 // helperCmd returns the command of a helper, for Start once its files are
@@ -81,9 +95,10 @@ func (b *backend) helperCmd() *exec.Cmd {
 	}
 	if b.strict {
 		// A network namespace of the run's own, with only a loopback
-		// that is down: no interface, address or route of the host, and
-		// abstract unix names of its own. Made here, ahead of the run,
-		// since it costs a millisecond or two.
+		// that is down (or, with Config.Egress, up and holding only
+		// moat's listener: network.go): no interface, address or route
+		// of the host, and abstract unix names of its own. Made here,
+		// ahead of the run, since it costs a millisecond or two.
 		cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWNET
 	}
 	if !b.root {
@@ -104,6 +119,9 @@ func (h *helperProc) discard() {
 
 func (h *helperProc) closeFiles() {
 	closeAll([]*os.File{h.spec, h.status, h.stdout, h.stderr})
+	if h.listener != nil {
+		h.listener.Close()
+	}
 }
 
 func closeAll(files []*os.File) {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"time"
@@ -102,6 +103,10 @@ type interpreter struct {
 	frames chan frame    // closed when the control socket ends
 	exited chan struct{} // closed when the helper has exited
 	outs   [2]*marker.Router
+	// listener is the egress proxy's listener in the helper's network
+	// namespace, served by the session's egress.Run; nil without
+	// Config.Egress. close closes it.
+	listener net.Listener
 
 	// Used by the session's run in progress only (kill and close also by
 	// Close, after it).
@@ -141,6 +146,9 @@ func (ss *session) startInterpreter() (*interpreter, error) {
 				sp.Rlimits[i].Cur, sp.Rlimits[i].Max = unix.RLIM_INFINITY, unix.RLIM_INFINITY
 			}
 		}
+	}
+	if ss.net != nil {
+		b.withNetwork(&sp, ss.net)
 	}
 	arg, err := json.Marshal(sp)
 	if err != nil {
@@ -214,6 +222,22 @@ func (ss *session) startInterpreter() (*interpreter, error) {
 	}
 	in.cmd = cmd
 	specR.Close()
+	if ss.net != nil {
+		// The listener goes in before the spec, so before any code.
+		l, err := b.listenIn(cmd.Process.Pid)
+		if err != nil {
+			specW.Close() // on the empty spec the helper exits
+			cmd.Process.Kill()
+			cmd.Wait()
+			close(in.exited)
+			readers[0].Close()
+			readers[1].Close()
+			in.close()
+			return nil, err
+		}
+		in.listener = l
+		go serve(b, ss.net, l)
+	}
 	if _, err := specW.Write(arg); err != nil {
 		in.b.log.Warn("subprocess: interpreter spec", "err", err)
 	}
@@ -331,6 +355,9 @@ func (in *interpreter) close() time.Duration {
 		case <-time.After(5 * time.Second):
 			in.b.log.Warn("subprocess: interpreter helper did not exit")
 		}
+	}
+	if in.listener != nil {
+		in.listener.Close()
 	}
 	if in.ctl != nil {
 		in.ctl.Close()

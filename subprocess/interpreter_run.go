@@ -330,6 +330,9 @@ func (r *interpRun) Wait() (engine.Evidence, error) {
 		ss.ended = cause
 	}
 	ev.Spent = ss.cpuSpent
+	if ss.net != nil {
+		ev.Notes = append(ev.Notes, ss.net.Notes()...)
+	}
 	return ev, nil
 }
 

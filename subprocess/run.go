@@ -19,6 +19,7 @@ import (
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/internal/cgroup"
+	"github.com/moatsandbox/moat/internal/egress"
 	"github.com/moatsandbox/moat/internal/engine"
 	"github.com/moatsandbox/moat/internal/uidpool"
 )
@@ -44,6 +45,9 @@ type instance struct {
 	mounted bool
 	lease   *uidpool.Lease
 	group   *cgroup.Group
+	// net serves the run's connections to the egress proxy (network.go),
+	// from Start; nil without Config.Egress.
+	net *egress.Run
 }
 
 // newID names a run's directory and cgroup, "<owner>-<random>", so that the
@@ -104,9 +108,15 @@ func (in *instance) Start(ctx context.Context, code []byte, stdout, stderr io.Wr
 		}
 		in.group = group
 	}
-	p := &process{b: b, h: in.h, group: in.group, dir: in.dir, mounted: in.mounted, atStart: atStart}
+	sp := b.runSpec(in.dir, uid, gid, in.group, []string{"python3", filepath.Join(in.dir, codeName)})
+	if b.cfg.Egress != nil {
+		in.net = b.cfg.Egress.NewRun()
+		go serve(b, in.net, in.h.listener)
+		b.withNetwork(&sp, in.net)
+	}
+	p := &process{b: b, h: in.h, group: in.group, dir: in.dir, mounted: in.mounted, atStart: atStart, net: in.net}
 	in.h = nil // the process's now, started or discarded
-	err := p.launch(b.runSpec(in.dir, uid, gid, in.group, []string{"python3", filepath.Join(in.dir, codeName)}), stdout, stderr)
+	err := p.launch(sp, stdout, stderr)
 	if errors.Is(err, errHelperGone) {
 		// It died while it waited in the pool: the engine retries once
 		// on a fresh one.
@@ -129,6 +139,9 @@ func (in *instance) Discard() {
 		if err != nil {
 			in.b.log.Warn("subprocess: cleanup", "id", in.id, "err", err)
 		}
+	}
+	if in.net != nil {
+		in.net.Close()
 	}
 	if in.group != nil {
 		warn(in.group.Kill())
@@ -251,6 +264,9 @@ type process struct {
 	// release, if set, releases what the run's owner made for it (a
 	// session's code file and cgroup) once its evidence is taken.
 	release func()
+	// net, if set, serves the run's connections to the egress proxy: its
+	// notes go into the run's evidence.
+	net *egress.Run
 
 	stderrTail tailWriter
 	copied     chan struct{}
@@ -319,5 +335,9 @@ func (p *process) Wait() (engine.Evidence, error) {
 		}
 	}
 	status, _ := io.ReadAll(io.LimitReader(p.h.status, 4096))
-	return p.evidence(waitErr, status)
+	ev, err := p.evidence(waitErr, status)
+	if err == nil && p.net != nil {
+		ev.Notes = append(ev.Notes, p.net.Notes()...)
+	}
+	return ev, err
 }

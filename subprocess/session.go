@@ -16,6 +16,7 @@ import (
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/internal/cgroup"
+	"github.com/moatsandbox/moat/internal/egress"
 	"github.com/moatsandbox/moat/internal/engine"
 	"github.com/moatsandbox/moat/internal/uidpool"
 )
@@ -101,6 +102,10 @@ type session struct {
 	opts    moat.SessionOptions
 	lease   *uidpool.Lease // strict only
 	mounted bool
+	// net serves the connections of all the session's runs to the egress
+	// proxy (network.go): one set of placeholders for the session's life,
+	// notes per run. Nil without Config.Egress.
+	net *egress.Run
 
 	mu     sync.Mutex // guards the fields below
 	closed bool
@@ -142,6 +147,9 @@ func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (eng
 	if err := ss.create(); err != nil {
 		ss.remove()
 		return nil, err
+	}
+	if b.cfg.Egress != nil {
+		ss.net = b.cfg.Egress.NewRun()
 	}
 	b.log.Debug("subprocess: session created", "session", ss.id, "interpreter", opts.Interpreter)
 	return ss, nil
@@ -305,6 +313,10 @@ func (ss *session) startPlain(ctx context.Context, code []byte, stdout, stderr i
 		p.group = g
 	}
 	sp := b.runSpec(ss.dir, uid, gid, p.group, []string{"python3", ss.dir + "/" + name})
+	if ss.net != nil {
+		b.withNetwork(&sp, ss.net)
+		p.net = ss.net
+	}
 	for attempt := 0; ; attempt++ {
 		h, err := b.takeHelper(ctx)
 		if err != nil {
@@ -312,6 +324,10 @@ func (ss *session) startPlain(ctx context.Context, code []byte, stdout, stderr i
 			return nil, err
 		}
 		p.h = h
+		if ss.net != nil {
+			// Served until the helper ends, which closes its listener.
+			go serve(b, ss.net, h.listener)
+		}
 		err = p.launch(sp, stdout, stderr)
 		if errors.Is(err, errHelperGone) && attempt == 0 {
 			continue // it died while it waited in the pool: once more
@@ -325,7 +341,8 @@ func (ss *session) startPlain(ctx context.Context, code []byte, stdout, stderr i
 }
 
 // Close kills the run in progress, waits for its end and for the file
-// operations in progress, ends the interpreter and removes the directory.
+// operations in progress, ends the interpreter, removes the directory and
+// closes the session's egress proxy run.
 // Calls after the first return nil.
 func (ss *session) Close() error {
 	ss.mu.Lock()
@@ -346,6 +363,9 @@ func (ss *session) Close() error {
 	ss.ops.Wait()
 	ss.endInterpreter("")
 	ss.remove()
+	if ss.net != nil {
+		ss.net.Close()
+	}
 	ss.b.log.Debug("subprocess: session closed", "session", ss.id)
 	return nil
 }

@@ -12,7 +12,10 @@
 //     /tmp, other runs, host processes) exists for the code by any name;
 //   - a network namespace of its own with only a loopback that is down: no
 //     host interface, address or route, and abstract unix names of its own;
-//     and a UTS namespace named "moat", not the host;
+//     and a UTS namespace named "moat", not the host. With Config.Egress
+//     the loopback is up and holds one thing, moat's egress proxy listener
+//     on 127.0.0.1:3128, the one address the code may connect to (see
+//     network.go);
 //   - a per-run cgroup (v2, or the v1 memory and pids hierarchies) for the
 //     memory and process limits;
 //   - a dedicated unprivileged uid and gid from a configurable range, so that
@@ -28,7 +31,9 @@
 //     socketpair(AF_UNIX) of the stream and seqpacket types (a datagram end
 //     takes a destination with every sendto and sendmsg), refuses bind,
 //     connect, listen and accept (which could only re-aim a socketpair end),
-//     and the dangerous system calls;
+//     and the dangerous system calls (with Config.Egress: IPv4 TCP sockets
+//     and connect are allowed, Landlock lets them connect to port 3128
+//     only);
 //   - an empty environment (PATH, HOME, LANG only) and stdin from /dev/null.
 //
 // If any of these cannot be applied, [New] and [Sandbox.Run] return an error
@@ -63,6 +68,7 @@ import (
 	"strings"
 
 	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/internal/egress"
 	"github.com/moatsandbox/moat/internal/engine"
 	"github.com/moatsandbox/moat/internal/owner"
 )
@@ -126,6 +132,14 @@ type Config struct {
 	// Logger receives a line per run at debug level and set-up facts at
 	// info level. Nil means discard.
 	Logger *slog.Logger `json:"-"`
+	// Egress, when set, gives each run a network: its own network
+	// namespace holding only a loopback with the proxy's listener on
+	// 127.0.0.1:3128, the proxy's environment and CA bundle, and TCP
+	// connect to that port alone (network.go). Nil means no network, as
+	// before: the loopback is down and the code cannot make a socket. It
+	// needs strict hardening. The caller owns the proxy and closes it after
+	// the sandbox.
+	Egress *egress.Proxy `json:"-"`
 }
 
 // Validate reports whether c is usable; the error wraps moat.ErrInvalid.
@@ -178,6 +192,11 @@ func New(cfg Config) (*Sandbox, error) {
 	}
 	b.owner = id
 	b.reap()
+	if cfg.Egress != nil {
+		if err := b.writeCA(); err != nil {
+			return nil, err
+		}
+	}
 	es, err := engine.New(engine.Config{
 		Level:  moat.LevelSubprocess,
 		Limits: b.limits,
@@ -186,6 +205,7 @@ func New(cfg Config) (*Sandbox, error) {
 		Logger: b.log,
 	}, b)
 	if err != nil {
+		b.removeCA()
 		return nil, err
 	}
 	b.take = es.Take // a session's runs too take a helper started ahead

@@ -189,3 +189,73 @@ def reach_unix(addr, kind, label):
         except BaseException as e:
             fail(e, where)
     return sent
+
+
+# Helpers of the egress probes: the proxy is what the sandbox's environment
+# names, whichever level runs the program.
+
+class Refused(Exception):
+    pass
+
+
+def proxy_addr():
+    import urllib.parse
+    url = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy") or os.environ.get("HTTP_PROXY")
+    if not url:
+        raise Refused("no proxy in the environment")
+    u = urllib.parse.urlsplit(url)
+    return u.hostname, u.port or 80
+
+
+def proxy_request(head, timeout=3):
+    # Sends one request head to the proxy and returns the socket and the
+    # status line's code and what came with it.
+    import socket
+    host, port = proxy_addr()
+    s = socket.create_connection((host, port), timeout=timeout)
+    s.sendall(head.encode())
+    data = b""
+    while b"\r\n\r\n" not in data and len(data) < 65536:
+        b = s.recv(4096)
+        if not b:
+            break
+        data += b
+    line = data.split(b"\r\n", 1)[0].decode("latin-1")
+    parts = line.split(" ", 2)
+    code = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+    return s, code, data
+
+
+def proxy_connect(host, port, timeout=3):
+    s, code, data = proxy_request("CONNECT %s:%d HTTP/1.1\r\nHost: %s:%d\r\n\r\n" % (host, port, host, port), timeout)
+    if code != 200:
+        s.close()
+        raise Refused("CONNECT %s:%d: %s" % (host, port, data.split(b"\r\n", 1)[0].decode("latin-1")))
+    return s
+
+
+def proxy_get(url, headers=None, timeout=3):
+    import urllib.parse
+    u = urllib.parse.urlsplit(url)
+    head = "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n" % (url, u.netloc)
+    for k, v in (headers or {}).items():
+        head += "%s: %s\r\n" % (k, v)
+    s, code, data = proxy_request(head + "\r\n", timeout)
+    try:
+        while len(data) < 1 << 20:
+            b = s.recv(65536)
+            if not b:
+                break
+            data += b
+    finally:
+        s.close()
+    if code != 200:
+        raise Refused("GET %s: %s" % (url, data.split(b"\r\n", 1)[0].decode("latin-1")))
+    return data
+
+
+def refused(e, where):
+    if isinstance(e, Refused):
+        report("refused", where, e)
+    else:
+        fail(e, where)

@@ -22,7 +22,7 @@ func cmdAttack(ctx context.Context, args []string, stdio Stdio) int {
 	if err != nil {
 		return exitFor(stdio, err)
 	}
-	names := attack.All
+	names := append(append([]attack.Name(nil), attack.All...), attack.EgressAttacks...)
 	if *only != "" {
 		names = nil
 		for _, s := range strings.Split(*only, ",") {
@@ -39,19 +39,51 @@ func cmdAttack(ctx context.Context, args []string, stdio Stdio) int {
 	}
 	defer env.Close()
 
+	var plain, egressed []attack.Name
+	for _, n := range names {
+		if attack.IsEgress(n) {
+			egressed = append(egressed, n)
+		} else {
+			plain = append(plain, n)
+		}
+	}
+	// The egress probes run in a sandbox of their own with the harness's
+	// network policy in force, in place of the operator's.
+	efc := fc
+	pc := env.ProxyConfig()
+	efc.proxyConfig = &pc
+
 	var outcomes []attack.Outcome
 	for _, l := range lvls {
-		sb, err := openLevel(ctx, fc, l)
-		if err != nil {
-			return exitFor(stdio, err)
-		}
-		for _, n := range names {
-			if !*asJSON {
-				fmt.Fprintf(stdio.Err, "moat: attack %s at %s...\n", n, l)
+		for _, set := range []struct {
+			fc    fileConfig
+			names []attack.Name
+		}{{fc, plain}, {efc, egressed}} {
+			if len(set.names) == 0 {
+				continue
 			}
-			outcomes = append(outcomes, attack.Run(ctx, sb, env, n))
+			sb, err := openLevel(ctx, set.fc, l)
+			if err != nil {
+				if set.fc.proxyConfig == nil {
+					return exitFor(stdio, err)
+				}
+				// A level that cannot confine a network refuses one:
+				// its egress probes prove nothing either way.
+				fmt.Fprintf(stdio.Err, "moat: %s: no sandbox with a network: %s\n", l, oneLine(err.Error()))
+				for _, n := range set.names {
+					outcomes = append(outcomes, attack.Outcome{Level: l, Attack: n, Verdict: attack.Inconclusive,
+						How: "no network here", Detail: oneLine(err.Error())})
+				}
+				continue
+			}
+			for _, n := range set.names {
+				if !*asJSON {
+					fmt.Fprintf(stdio.Err, "moat: attack %s at %s...\n", n, l)
+				}
+				outcomes = append(outcomes, attack.Run(ctx, sb, env, n))
+			}
+			sb.Close()
 		}
-		sb.Close()
 	}
 	if *asJSON {
 		if err := attack.JSON(stdio.Out, outcomes); err != nil {

@@ -102,7 +102,13 @@ func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
 func extraBenchTargets(fc fileConfig, l moat.Level, closers *[]moat.Sandbox) ([]bench.Target, error) {
 	switch l {
 	case moat.LevelContainer:
-		cfg := fc.containerConfig()
+		// The docker CLI cannot place moat's egress listener: the
+		// comparison row runs without a network.
+		fc.Network, fc.Secrets = nil, nil
+		cfg, err := fc.containerConfig()
+		if err != nil {
+			return nil, err
+		}
 		return []bench.Target{{
 			Name:  "docker-cli",
 			Level: moat.LevelContainer,

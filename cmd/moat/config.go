@@ -8,13 +8,16 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"reflect"
+	"regexp"
 	"strings"
 	"time"
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/container"
 	"github.com/moatsandbox/moat/gvisor"
+	"github.com/moatsandbox/moat/internal/egress"
 	"github.com/moatsandbox/moat/microvm"
 	"github.com/moatsandbox/moat/server"
 	"github.com/moatsandbox/moat/subprocess"
@@ -37,6 +40,24 @@ type fileConfig struct {
 	Server     serverSection     `json:"server"`
 	MCP        toolSection       `json:"mcp"`
 	Agent      toolSection       `json:"agent"`
+	// Network is the egress policy of every level's sandboxes: the hosts
+	// their code may reach through moat's egress proxy. Absent means no
+	// network at all. --allow-host adds to its allow list.
+	Network *moat.Network `json:"network,omitempty"`
+	// Secrets are the credentials the code uses but never holds, keyed
+	// by the variable the code sees. They need Network.
+	Secrets map[string]moat.Secret `json:"secrets,omitempty"`
+	// NetworkProfiles are named policies (each a network and its
+	// secrets) that moat serve's sessions and runs ask for by name, and
+	// that each token may use only when its network_profiles list it.
+	NetworkProfiles map[string]moat.Egress `json:"network_profiles,omitempty"`
+
+	// proxyConfig, when set, is the egress proxy of every sandbox opened
+	// from this config, in place of Network and Secrets: the attack
+	// harness's own policy. Not read from the file.
+	proxyConfig *egress.Config
+	// logger gets the egress proxy's decisions. Nil means discard.
+	logger *slog.Logger
 }
 
 // toolSection is what moat mcp and moat agent read from their sections: how
@@ -250,6 +271,42 @@ func decodeValue(path string, raw json.RawMessage, v reflect.Value) error {
 			return configErr("%s: %s is not a number", path, shown(raw))
 		}
 		v.SetFloat(f)
+	case reflect.Pointer:
+		if v.IsNil() {
+			v.Set(reflect.New(v.Type().Elem()))
+		}
+		return decodeValue(path, raw, v.Elem())
+	case reflect.Map:
+		if v.Type().Key().Kind() != reflect.String {
+			return fmt.Errorf("config: %s: a %v cannot be read from a config file", path, v.Type())
+		}
+		if raw[0] != '{' {
+			return configErr("%s: %s is not an object", path, shown(raw))
+		}
+		m := reflect.MakeMap(v.Type())
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.Token() // {
+		for dec.More() {
+			tok, err := dec.Token()
+			if err != nil {
+				return configErr("%s: %v", path, err)
+			}
+			key := tok.(string)
+			var val json.RawMessage
+			if err := dec.Decode(&val); err != nil {
+				return configErr("%s: %v", path, err)
+			}
+			k := reflect.ValueOf(key).Convert(v.Type().Key())
+			if m.MapIndex(k).IsValid() {
+				return configErr("key %q is given twice", join(path, key))
+			}
+			e := reflect.New(v.Type().Elem()).Elem()
+			if err := decodeValue(join(path, key), val, e); err != nil {
+				return err
+			}
+			m.SetMapIndex(k, e)
+		}
+		v.Set(m)
 	case reflect.Slice:
 		var items []json.RawMessage
 		if raw[0] != '[' || json.Unmarshal(raw, &items) != nil {
@@ -349,6 +406,14 @@ func jsonFields(t reflect.Type) map[string][]int {
 // struct v: its path ("limits.wall_time") and its value.
 func walkKeys(path string, v reflect.Value, fn func(path string, v reflect.Value)) {
 	t := v.Type()
+	if t.Kind() == reflect.Pointer && t.Elem().Kind() == reflect.Struct {
+		// A section that is absent unless given (network): its keys are
+		// those of a fresh value.
+		if v.IsNil() {
+			v = reflect.New(t.Elem())
+		}
+		v, t = v.Elem(), t.Elem()
+	}
 	if t.Kind() != reflect.Struct || t == bytesType || t == durationType {
 		fn(path, v)
 		return
@@ -396,4 +461,31 @@ func setKey(dst, src *fileConfig, key string) {
 		d, s = d.FieldByIndex(idx), s.FieldByIndex(idx)
 	}
 	d.Set(s)
+}
+
+// profileName is what a network profile may be called.
+var profileName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
+
+// egress is the top-level network policy and secrets.
+func (fc fileConfig) egress() moat.Egress {
+	return moat.Egress{Network: fc.Network, Secrets: fc.Secrets}
+}
+
+// validateEgress checks the top-level policy and every profile.
+func (fc fileConfig) validateEgress() error {
+	if err := fc.egress().Validate(); err != nil {
+		return configErr("%s", strings.TrimSuffix(strings.TrimPrefix(err.Error(), "moat: "), ": "+moat.ErrInvalid.Error()))
+	}
+	for name, p := range fc.NetworkProfiles {
+		if !profileName.MatchString(name) {
+			return configErr("network_profiles: %q is not a profile name (lower-case letters, digits, - and _)", name)
+		}
+		if p.Network == nil {
+			return configErr("network_profiles.%s: a profile needs a network section", name)
+		}
+		if err := p.Validate(); err != nil {
+			return configErr("network_profiles.%s: %s", name, strings.TrimSuffix(strings.TrimPrefix(err.Error(), "moat: "), ": "+moat.ErrInvalid.Error()))
+		}
+	}
+	return nil
 }

@@ -73,6 +73,13 @@ func TestConfigBadFiles(t *testing.T) {
 		{`{"limits":{"wall_time":10}}`, `config: limits.wall_time: 10 is not a duration (use "10s", "500ms", "2m")`},
 		{`{"limits":{"cpu_time":"-3s"}}`, `config: limits.cpu_time: "-3s" is negative`},
 		{`{"microvm":{"boot_timeout":"soon"}}`, `config: microvm.boot_timeout: "soon" is not a duration (use 10s, 500ms, 2m)`},
+		// network sections (decoding only: the policy's checks are in resolve)
+		{`{"network":{"allow":"pypi.org"}}`, `config: network.allow: "pypi.org" is not a list`},
+		{`{"network":{"alow":["pypi.org"]}}`, `config: unknown key "network.alow"`},
+		{`{"network":{"resolve":["a"]}}`, `config: network.resolve: ["a"] is not an object`},
+		{`{"network":{"resolve":{"a.test":"1.2.3.4","a.test":"1.2.3.5"}}}`, `config: key "network.resolve.a.test" is given twice`},
+		{`{"secrets":{"K":{"from_env":"K","host":["a.test"]}}}`, `config: unknown key "secrets.K.host"`},
+		{`{"network_profiles":{"p":{"network":{"allow":[1]}}}}`, `config: network_profiles.p.network.allow[0]: 1 is not a string`},
 		{`{"server":{"queue_wait":"a very long time indeed, more than forty bytes"}}`, `config: server.queue_wait: "a very long time indeed, more than f... is not a duration (use 10s, 500ms, 2m)`},
 	}
 	for _, c := range cases {
@@ -112,7 +119,10 @@ const goodConfig = `{
              "max_connections": 9, "session_ttl": "5m", "max_session_ttl": "6h", "idle_timeout": "7m",
              "sweep_interval": "2s", "shutdown_timeout": "9s", "log_json": true},
   "mcp": {"sessions": true, "interpreter": true},
-  "agent": {"sessions": true, "interpreter": true}
+  "agent": {"sessions": true, "interpreter": true},
+  "network": {"allow": ["pypi.test", "*.example.com:443"], "resolve": {"pypi.test": "127.0.0.1"}},
+  "secrets": {"API_KEY": {"from_env": "REAL_KEY", "hosts": ["api.example.com:443"], "in_url": true}},
+  "network_profiles": {"pypi": {"network": {"allow": ["pypi.org"]}}}
 }`
 
 func TestConfigGoodFileRoundTrips(t *testing.T) {
@@ -376,6 +386,58 @@ func TestConfigDocMatchesFlagsAndKeys(t *testing.T) {
 	for _, k := range keys {
 		if !slices.ContainsFunc(rows, func(r docRow) bool { return r.key == k }) {
 			t.Errorf("config key %s has no row in docs/config.md", k)
+		}
+	}
+}
+
+// The policy is checked when the flags and the file are resolved, and
+// --allow-host adds to the file's list.
+func TestNetworkFromFileAndFlags(t *testing.T) {
+	resolve := func(file string, args ...string) (fileConfig, error) {
+		t.Helper()
+		fs := newFlagSet("run")
+		sf := addSandboxFlags(fs)
+		if file != "" {
+			path := filepath.Join(t.TempDir(), "moat.json")
+			if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			args = append([]string{"--config", path}, args...)
+		}
+		if err := fs.Parse(args); err != nil {
+			return fileConfig{}, err
+		}
+		return sf.resolve()
+	}
+	fc, err := resolve("")
+	if err != nil || fc.Network != nil {
+		t.Fatalf("no file, no flag: network %+v, %v; want none", fc.Network, err)
+	}
+	fc, err = resolve("", "--allow-host", "pypi.org", "--allow-host", "*.example.com:443")
+	if err != nil || fc.Network == nil || strings.Join(fc.Network.Allow, ",") != "pypi.org,*.example.com:443" {
+		t.Fatalf("--allow-host twice: %+v, %v", fc.Network, err)
+	}
+	fc, err = resolve(`{"network":{"allow":["a.test"],"resolve":{"a.test":"127.0.0.1"}}}`, "--allow-host", "b.test")
+	if err != nil || strings.Join(fc.Network.Allow, ",") != "a.test,b.test" || fc.Network.Resolve["a.test"] != "127.0.0.1" {
+		t.Fatalf("file and flag: %+v, %v", fc.Network, err)
+	}
+	for _, c := range []struct {
+		file string
+		args []string
+		want string
+	}{
+		{"", []string{"--allow-host", "10.0.0.1"}, "IP address"},
+		{"", []string{"--allow-host", "a.test:99999"}, "port"},
+		{`{"network":{"allow":["169.254.169.254"]}}`, nil, "IP address"},
+		{`{"secrets":{"K":{"from_env":"K","hosts":["a.test"]}}}`, nil, "need a network"},
+		{`{"network":{"allow":["a.test"]},"secrets":{"K":{"from_env":"K","hosts":["b.test"]}}}`, nil, "not allowed"},
+		{`{"network_profiles":{"Bad Name":{"network":{"allow":["a.test"]}}}}`, nil, "not a profile name"},
+		{`{"network_profiles":{"p":{}}}`, nil, "needs a network"},
+		{`{"network_profiles":{"p":{"network":{"allow":["*"]}}}}`, nil, "network_profiles.p"},
+	} {
+		_, err := resolve(c.file, c.args...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s %v: %v, want an error saying %q", c.file, c.args, err, c.want)
 		}
 	}
 }

@@ -17,7 +17,7 @@ import (
 const imageUsage = `usage: moat image build [--state-dir DIR] [--force] [--json]
        moat image status [--state-dir DIR] [--json]
 
-build makes the sandbox root filesystem (Debian with python3, from Debian's
+build makes the sandbox root filesystem (Debian with python3 and pip, from Debian's
 packages with debootstrap; needs root) into moat's state directory and
 imports it into Docker; a second build with the same inputs does nothing.
 status says whether it is built, when, how big, and whether Docker has it.`

@@ -24,6 +24,21 @@ type sandboxFlags struct {
 	// flags is what the flags set; resolve takes from it only the
 	// settings whose flag was given.
 	flags fileConfig
+	// allowHosts are the --allow-host values, added to network.allow.
+	allowHosts hostList
+}
+
+// hostList is a repeatable flag of HOST[:PORT] patterns.
+type hostList []string
+
+func (h *hostList) String() string { return strings.Join(*h, ",") }
+
+func (h *hostList) Set(s string) error {
+	if _, err := moat.ParseHostPattern(s); err != nil {
+		return err
+	}
+	*h = append(*h, s)
+	return nil
 }
 
 // addSandboxFlags registers the shared flags on fs. Each flag is named for
@@ -45,6 +60,7 @@ func addSandboxFlags(fs *flag.FlagSet) *sandboxFlags {
 	fs.IntVar(&l.OpenFiles, "open-files", 0, "open files per process (default 256)")
 	fs.StringVar((*string)(&f.flags.Subprocess.Hardening), "hardening", "", "subprocess hardening: strict (default) or tutorial (plain rlimits only, for comparison)")
 	fs.StringVar(&f.flags.Subprocess.Python, "python", "", "python3 interpreter for the subprocess level (default /usr/bin/python3)")
+	fs.Var(&f.allowHosts, "allow-host", "a host the code may reach through moat's egress proxy, HOST[:PORT] or *.DOMAIN[:PORT] (repeatable; adds to network.allow; default: no network)")
 	return f
 }
 
@@ -108,6 +124,17 @@ func (f *sandboxFlags) resolve() (fileConfig, error) {
 	if _, err := subprocess.ParseHardening(string(fc.Subprocess.Hardening)); err != nil {
 		return fc, err
 	}
+	if len(f.allowHosts) > 0 {
+		n := moat.Network{}
+		if fc.Network != nil {
+			n = *fc.Network
+		}
+		n.Allow = append(append([]string(nil), n.Allow...), f.allowHosts...)
+		fc.Network = &n
+	}
+	if err := fc.validateEgress(); err != nil {
+		return fc, err
+	}
 	return fc, nil
 }
 
@@ -140,11 +167,21 @@ func levelTable() []levelEntry {
 			open: func(ctx context.Context, fc fileConfig) (moat.Sandbox, error) {
 				cfg := fc.Subprocess
 				cfg.Limits = fc.Limits
+				p, err := fc.proxy()
+				if err != nil {
+					return nil, err
+				}
+				cfg.Egress = p
 				return subprocess.New(cfg)
 			},
 			check: func(ctx context.Context, fc fileConfig) moat.Availability {
 				cfg := fc.Subprocess
 				cfg.Limits = fc.Limits
+				p, err := fc.proxy()
+				if err != nil {
+					return moat.Unavailable(moat.LevelSubprocess, err)
+				}
+				cfg.Egress = p
 				return subprocess.Check(ctx, cfg)
 			},
 			claims: func(fc fileConfig, a attack.Name) bool {
@@ -160,10 +197,18 @@ func levelTable() []levelEntry {
 		{
 			level: moat.LevelContainer,
 			open: func(ctx context.Context, fc fileConfig) (moat.Sandbox, error) {
-				return container.New(fc.containerConfig())
+				cfg, err := fc.containerConfig()
+				if err != nil {
+					return nil, err
+				}
+				return container.New(cfg)
 			},
 			check: func(ctx context.Context, fc fileConfig) moat.Availability {
-				return container.Check(ctx, fc.containerConfig())
+				cfg, err := fc.containerConfig()
+				if err != nil {
+					return moat.Unavailable(moat.LevelContainer, err)
+				}
+				return container.Check(ctx, cfg)
 			},
 			claims: claimsAll,
 		},
@@ -196,10 +241,12 @@ func (fc fileConfig) microvmConfig() microvm.Config {
 	return cfg
 }
 
-func (fc fileConfig) containerConfig() container.Config {
+func (fc fileConfig) containerConfig() (container.Config, error) {
 	cfg := fc.Container
 	cfg.Limits = fc.Limits
-	return cfg
+	p, err := fc.proxy()
+	cfg.Egress = p
+	return cfg, err
 }
 
 func (fc fileConfig) gvisorConfig() gvisor.Config {

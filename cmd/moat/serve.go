@@ -8,8 +8,10 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -61,6 +63,17 @@ func cmdServe(ctx context.Context, args []string, stdio Stdio) int {
 		return exitFor(stdio, err)
 	}
 	cfg.Tokens = tokens
+	// The profiles some token may use: the only ones worth opening.
+	granted := map[string]bool{}
+	for _, t := range tokens {
+		for _, p := range t.NetworkProfiles {
+			if _, ok := fc.NetworkProfiles[p]; !ok {
+				return exitFor(stdio, fmt.Errorf("serve: tokens file %s: token %q may use network profile %q, which the config file's network_profiles does not define: %w", sc.TokensFile, t.Name, p, moat.ErrInvalid))
+			}
+			granted[p] = true
+		}
+	}
+	profiles := slices.Sorted(maps.Keys(granted))
 	names := sc.Levels
 	if names == "" {
 		names = string(fc.Level)
@@ -72,6 +85,10 @@ func cmdServe(ctx context.Context, args []string, stdio Stdio) int {
 	// Validate everything but the sandboxes before opening any.
 	probe := cfg
 	probe.Sandboxes = map[moat.Level]moat.Sandbox{fc.Level: noSandbox{}}
+	probe.Profiles = map[string]map[moat.Level]moat.Sandbox{}
+	for _, p := range profiles {
+		probe.Profiles[p] = map[moat.Level]moat.Sandbox{fc.Level: noSandbox{}}
+	}
 	if err := probe.Validate(); err != nil {
 		return exitFor(stdio, err)
 	}
@@ -89,9 +106,16 @@ func cmdServe(ctx context.Context, args []string, stdio Stdio) int {
 	// this is what removes the directories and processes of the sessions
 	// the server's database still lists.
 	cfg.Sandboxes = map[moat.Level]moat.Sandbox{}
+	cfg.Profiles = map[string]map[moat.Level]moat.Sandbox{}
+	cfg.ProfilePolicies = map[string]moat.Egress{}
 	defer func() {
 		for _, sb := range cfg.Sandboxes {
 			sb.Close()
+		}
+		for _, lv := range cfg.Profiles {
+			for _, sb := range lv {
+				sb.Close()
+			}
 		}
 	}()
 	for _, l := range served {
@@ -100,6 +124,25 @@ func cmdServe(ctx context.Context, args []string, stdio Stdio) int {
 			return exitFor(stdio, err)
 		}
 		cfg.Sandboxes[l] = sb
+	}
+	// Each profile a token may use gets a sandbox per served level, with
+	// the profile's policy in place of the top-level one.
+	for _, name := range slices.Sorted(maps.Keys(fc.NetworkProfiles)) {
+		if !granted[name] {
+			log.Warn("serve: no token may use this network profile: not opened", "network", name)
+		}
+	}
+	for _, name := range profiles {
+		e := fc.NetworkProfiles[name]
+		cfg.Profiles[name] = map[moat.Level]moat.Sandbox{}
+		cfg.ProfilePolicies[name] = e
+		for _, l := range served {
+			sb, err := openLevelEgress(ctx, fc, l, e)
+			if err != nil {
+				return exitFor(stdio, fmt.Errorf("serve: network profile %s, level %s: %w", name, l, err))
+			}
+			cfg.Profiles[name][l] = sb
+		}
 	}
 	if _, ok := cfg.Sandboxes[fc.Level]; ok {
 		cfg.DefaultLevel = fc.Level
@@ -114,7 +157,7 @@ func cmdServe(ctx context.Context, args []string, stdio Stdio) int {
 	for _, l := range served {
 		levelNames = append(levelNames, string(l))
 	}
-	log.Info("serve: listening", "url", "http://"+ln.Addr().String(), "levels", strings.Join(levelNames, ","), "tokens", len(tokens), "state_dir", srv.StateDir())
+	log.Info("serve: listening", "url", "http://"+ln.Addr().String(), "levels", strings.Join(levelNames, ","), "network_profiles", strings.Join(profiles, ","), "tokens", len(tokens), "state_dir", srv.StateDir())
 
 	select {
 	case <-ctx.Done():
@@ -140,7 +183,7 @@ func cmdServe(ctx context.Context, args []string, stdio Stdio) int {
 func addServerFlags(fs *flag.FlagSet, sc *serverSection) {
 	cfg := &sc.Config
 	fs.StringVar(&cfg.Addr, "addr", "", "listen address; a non-loopback address exposes the API beyond this machine (default "+defaultAddr+")")
-	fs.StringVar(&sc.TokensFile, "tokens-file", "", `bearer tokens, one "NAME TOKEN" per line (# comments), or a JSON list of {"name","token"}; required`)
+	fs.StringVar(&sc.TokensFile, "tokens-file", "", `bearer tokens, one "NAME TOKEN [PROFILE,...]" per line (# comments), or a JSON list of {"name","token","network_profiles"}; required`)
 	fs.StringVar(&sc.Levels, "levels", "", "levels to serve: comma-separated, or all (every level available here); default: the --level")
 	fs.StringVar(&cfg.StateDir, "state-dir", "", "directory of the session database (default /var/lib/moat as root)")
 	fs.Var(&cfg.MaxCodeBytes, "max-code-bytes", "largest code of one run (default 1MiB)")
@@ -172,8 +215,12 @@ func addServerFlags(fs *flag.FlagSet, sc *serverSection) {
 	fs.BoolVar(&sc.LogJSON, "log-json", false, "log JSON lines instead of text")
 }
 
-// readTokens reads the operator's tokens: a JSON list of {"name", "token"},
-// or lines "NAME TOKEN" (or "NAME:TOKEN") with # comments.
+// readTokens reads the operator's tokens: a JSON list of {"name", "token",
+// "network_profiles": ["pypi", ...]}, or lines "NAME TOKEN" (or
+// "NAME:TOKEN") with # comments, each optionally followed by the network
+// profiles its holder may use, comma-separated without spaces:
+// "alice s3cret pypi,github". A line without them grants none. Whether the
+// profiles exist is checked by the caller, against the config file.
 func readTokens(path string) ([]server.Token, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -199,10 +246,17 @@ func readTokens(path string) ([]server.Token, error) {
 			continue
 		}
 		f := strings.Fields(strings.Replace(line, ":", " ", 1))
-		if len(f) != 2 {
-			return nil, fmt.Errorf("serve: tokens file %s, line %d: want \"NAME TOKEN\": %w", path, n, moat.ErrInvalid)
+		if len(f) != 2 && len(f) != 3 {
+			return nil, fmt.Errorf("serve: tokens file %s, line %d: want \"NAME TOKEN\" or \"NAME TOKEN PROFILE,...\": %w", path, n, moat.ErrInvalid)
 		}
-		tokens = append(tokens, server.Token{Name: f[0], Token: f[1]})
+		t := server.Token{Name: f[0], Token: f[1]}
+		if len(f) == 3 {
+			t.NetworkProfiles = strings.Split(f[2], ",")
+			if slices.Contains(t.NetworkProfiles, "") {
+				return nil, fmt.Errorf("serve: tokens file %s, line %d: an empty name in the network profiles %q: %w", path, n, f[2], moat.ErrInvalid)
+			}
+		}
+		tokens = append(tokens, t)
 	}
 	return tokens, nil
 }

@@ -134,3 +134,150 @@ func TestServe(t *testing.T) {
 		t.Fatal("serve did not stop")
 	}
 }
+
+// TestServeProfileErrors checks that tokens and network profiles that do
+// not fit together stop moat serve at startup with exit status 2, before
+// it listens or opens any level: each case also gives a bad address, which
+// is checked later, and the error must be the profile's.
+func TestServeProfileErrors(t *testing.T) {
+	conf := filepath.Join(t.TempDir(), "moat.json")
+	if err := os.WriteFile(conf, []byte(`{"network_profiles": {"pypi": {"network": {"allow": ["pypi.test"]}}}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name   string
+		tokens string
+		config bool
+		want   string // in the error line
+	}{
+		{"line names an undefined profile", "alice s3cret-token-0123456789 pypi\n", false, `token "alice" may use network profile "pypi", which the config file's network_profiles does not define`},
+		{"line names one of two undefined", "alice s3cret-token-0123456789 pypi,github\n", true, `network profile "github", which`},
+		{"JSON names an undefined profile", `[{"name": "alice", "token": "s3cret-token-0123456789", "network_profiles": ["github"]}]`, true, `network profile "github", which`},
+		{"empty profile name", "alice s3cret-token-0123456789 pypi,,github\n", true, `an empty name in the network profiles`},
+		{"too many fields", "alice s3cret-token-0123456789 pypi github\n", true, `want "NAME TOKEN" or "NAME TOKEN PROFILE,..."`},
+		// The control: with the profile defined, startup goes on to the
+		// address, which fails.
+		{"defined profile", "alice s3cret-token-0123456789 pypi\n", true, `notaport`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			args := []string{"--tokens-file", writeTokens(t, c.tokens, 0o600), "--addr", "127.0.0.1:notaport", "--state-dir", t.TempDir()}
+			if c.config {
+				args = append(args, "--config", conf)
+			}
+			var errb bytes.Buffer
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			code := cmdServe(ctx, args, Stdio{In: strings.NewReader(""), Out: io.Discard, Err: &errb})
+			if code != exitUsage || !strings.Contains(errb.String(), c.want) {
+				t.Errorf("exit %d, stderr %q; want %d and %q", code, errb.String(), exitUsage, c.want)
+			}
+		})
+	}
+}
+
+// TestReadTokensProfiles checks both forms of the tokens file with and
+// without network profiles.
+func TestReadTokensProfiles(t *testing.T) {
+	for _, c := range []struct {
+		name, content string
+		want          string // the tokens as JSON
+	}{
+		{"old line", "alice s3cret-token-0123456789\n", `[{"name":"alice","token":"s3cret-token-0123456789"}]`},
+		{"old colon line", "alice:s3cret-token-0123456789\n", `[{"name":"alice","token":"s3cret-token-0123456789"}]`},
+		{"line with profiles", "# c\nalice s3cret-token-0123456789 pypi,github\nbob:s3cret-token-9876543210 pypi\n",
+			`[{"name":"alice","token":"s3cret-token-0123456789","network_profiles":["pypi","github"]},{"name":"bob","token":"s3cret-token-9876543210","network_profiles":["pypi"]}]`},
+		{"JSON with profiles", `[{"name":"alice","token":"s3cret-token-0123456789","network_profiles":["pypi"]}]`,
+			`[{"name":"alice","token":"s3cret-token-0123456789","network_profiles":["pypi"]}]`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tokens, err := readTokens(writeTokens(t, c.content, 0o600))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, _ := json.Marshal(tokens)
+			if string(got) != c.want {
+				t.Errorf("got %s\nwant %s", got, c.want)
+			}
+		})
+	}
+}
+
+// TestServeProfiles serves a network profile granted to one token of two:
+// the holder sees it and runs under it, the other gets 403, and the server
+// shuts down cleanly, closing the profile's sandboxes.
+func TestServeProfiles(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI must run as root: the subprocess level needs it")
+		}
+		t.Skip("the subprocess level needs root (CI runs this as root)")
+	}
+	conf := filepath.Join(t.TempDir(), "moat.json")
+	if err := os.WriteFile(conf, []byte(`{"network_profiles": {
+		"pypi": {"network": {"allow": ["pypi.test"], "resolve": {"pypi.test": "127.0.0.1"}}},
+		"unused": {"network": {"allow": ["unused.test"]}}}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tokens := writeTokens(t, "alice s3cret-token-0123456789 pypi\nbob s3cret-token-9876543210\n", 0o600)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var errb lockedBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- cmdServe(ctx, []string{"--config", conf, "--addr", "127.0.0.1:0", "--tokens-file", tokens, "--state-dir", t.TempDir(), "--levels", "subprocess"},
+			Stdio{In: strings.NewReader(""), Out: io.Discard, Err: &errb})
+	}()
+	var url string
+	deadline := time.Now().Add(20 * time.Second)
+	for url == "" {
+		if m := regexp.MustCompile(`url=(http://127\.0\.0\.1:\d+)`).FindStringSubmatch(errb.String()); m != nil {
+			url = m[1]
+		}
+		select {
+		case code := <-done:
+			t.Fatalf("serve exited %d: %s", code, errb.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("serve did not start: %s", errb.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	call := func(method, path, token, body string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, url+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := call("GET", "/v1/network_profiles", "s3cret-token-0123456789", ""); code != 200 ||
+		!strings.Contains(body, `{"name":"pypi","levels":["subprocess"],"allow":["pypi.test"]}`) || strings.Contains(body, "unused") {
+		t.Errorf("alice's profiles: %d %s", code, body)
+	}
+	if code, body := call("POST", "/v1/runs", "s3cret-token-0123456789", `{"code":"print(6*7)","network":"pypi"}`); code != 200 || !strings.Contains(body, `"stdout":"42\n"`) {
+		t.Errorf("alice's run under pypi: %d %s", code, body)
+	}
+	if code, body := call("POST", "/v1/runs", "s3cret-token-9876543210", `{"code":"print(6*7)","network":"pypi"}`); code != 403 || !strings.Contains(body, "network_profile_forbidden") {
+		t.Errorf("bob's run under pypi: %d %s", code, body)
+	}
+	logs := errb.String()
+	for _, want := range []string{"network_profiles=pypi ", "network=pypi", `no token may use this network profile: not opened" network=unused`} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("the log lacks %q:\n%s", want, logs)
+		}
+	}
+	cancel()
+	select {
+	case code := <-done:
+		if code != exitOK {
+			t.Errorf("exit %d after shutdown: %s", code, errb.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+}

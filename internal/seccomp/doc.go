@@ -52,6 +52,13 @@
 //     without calling socket), the new mount API and the mount-tree
 //     listing calls.
 //
+// FilterTCP is the same policy with two exceptions, for a sandbox whose
+// own network namespace holds only a loopback with moat's egress proxy
+// listening on it: socket() of an IPv4 TCP socket (AF_INET, SOCK_STREAM,
+// protocol 0 or IPPROTO_TCP) and connect() are allowed. Every other family
+// (AF_VSOCK among them), UDP, raw and ICMP sockets, and bind, listen and
+// accept stay refused.
+//
 // # Arguments
 //
 // A seccomp filter sees each argument as a 64-bit value, but every argument

@@ -129,8 +129,16 @@ const (
 	lblKill        label = "kill"
 )
 
-// program builds the filter for the running architecture.
-func program() ([]bpf.Instruction, error) {
+// Labels of the TCP variant's socket checks (programTCP).
+const (
+	lblSocketINet label = "socket-inet"
+	lblSocketType label = "socket-type"
+)
+
+// program builds the filter for the running architecture. With tcp (the
+// filter FilterTCP returns), socket() of an IPv4 TCP socket and connect()
+// are allowed; everything else is the same.
+func program(tcp bool) ([]bpf.Instruction, error) {
 	var b builder
 
 	// Foreign calling conventions: kill.
@@ -157,6 +165,9 @@ func program() ([]bpf.Instruction, error) {
 		b.jumpIf(bpf.JumpEqual, nr, lblEPERM, next)
 	}
 	for _, nr := range deniedSocket {
+		if tcp && nr == unix.SYS_CONNECT {
+			continue
+		}
 		b.jumpIf(bpf.JumpEqual, nr, lblEPERM, next)
 	}
 	for _, nr := range deniedArch {
@@ -170,7 +181,25 @@ func program() ([]bpf.Instruction, error) {
 	// EPERM for AF_UNIX, EAFNOSUPPORT for the rest.
 	b.mark(lblSocket)
 	b.emit(bpf.LoadAbsolute{Off: argLow(0), Size: 4})
-	b.jumpIf(bpf.JumpEqual, unix.AF_UNIX, lblEPERM, lblEAFNOSUP)
+	if !tcp {
+		b.jumpIf(bpf.JumpEqual, unix.AF_UNIX, lblEPERM, lblEAFNOSUP)
+	} else {
+		// With tcp: socket(AF_INET, SOCK_STREAM[|SOCK_NONBLOCK|SOCK_CLOEXEC],
+		// 0 or IPPROTO_TCP) only. Every other family, type (UDP, raw,
+		// ICMP) and protocol (MPTCP, SCTP) stays refused.
+		b.jumpIf(bpf.JumpEqual, unix.AF_UNIX, lblEPERM, next)
+		b.jumpIf(bpf.JumpEqual, unix.AF_INET, lblSocketINet, lblEAFNOSUP)
+		b.mark(lblSocketINet)
+		b.emit(bpf.LoadAbsolute{Off: argLow(1), Size: 4})
+		for _, flags := range []uint32{0, unix.SOCK_NONBLOCK, unix.SOCK_CLOEXEC, unix.SOCK_NONBLOCK | unix.SOCK_CLOEXEC} {
+			b.jumpIf(bpf.JumpEqual, unix.SOCK_STREAM|flags, lblSocketType, next)
+		}
+		b.emit(bpf.RetConstant{Val: retErrno(unix.EAFNOSUPPORT)})
+		b.mark(lblSocketType)
+		b.emit(bpf.LoadAbsolute{Off: argLow(2), Size: 4})
+		b.jumpIf(bpf.JumpEqual, 0, lblAllow, next)
+		b.jumpIf(bpf.JumpEqual, unix.IPPROTO_TCP, lblAllow, lblEAFNOSUP)
+	}
 
 	// socketpair(int family, int type, ...): a connected stream or
 	// seqpacket pair reaches nothing but itself, so AF_UNIX pairs of those

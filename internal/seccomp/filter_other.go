@@ -5,6 +5,6 @@ package seccomp
 import "golang.org/x/net/bpf"
 
 // program has no policy for this architecture.
-func program() ([]bpf.Instruction, error) {
+func program(tcp bool) ([]bpf.Instruction, error) {
 	return nil, ErrUnsupportedArch
 }

@@ -317,7 +317,7 @@ func TestFilterDeniedSet(t *testing.T) {
 // a program that fits in BPF_MAXINSNS. Every instruction must also be one
 // the seccomp filter accepts (loads, conditional jumps, constant returns).
 func TestFilterInstructions(t *testing.T) {
-	prog, err := program()
+	prog, err := program(false)
 	if err != nil {
 		t.Fatalf("program: %v", err)
 	}

@@ -42,8 +42,20 @@ func retErrno(e unix.Errno) uint32 {
 // Filter returns moat's default filter program for the running
 // architecture, ready for Install. It returns ErrUnsupportedArch on an
 // architecture other than amd64 and arm64. Each call returns a new slice.
-func Filter() ([]unix.SockFilter, error) {
-	prog, err := program()
+func Filter() ([]unix.SockFilter, error) { return assemble(false) }
+
+// FilterTCP returns Filter's program with two exceptions, for a sandbox
+// whose network namespace of its own holds only a loopback with moat's
+// egress proxy listening on it, so that a TCP connection reaches that
+// listener or nothing: socket() of an IPv4 TCP socket (AF_INET,
+// SOCK_STREAM with SOCK_NONBLOCK and SOCK_CLOEXEC allowed, protocol 0 or
+// IPPROTO_TCP) and connect() are allowed. Every other family (AF_UNIX,
+// AF_INET6, AF_NETLINK, AF_PACKET, AF_VSOCK, ...), type (UDP, raw, ICMP)
+// and protocol stays refused, and so do bind, listen and accept.
+func FilterTCP() ([]unix.SockFilter, error) { return assemble(true) }
+
+func assemble(tcp bool) ([]unix.SockFilter, error) {
+	prog, err := program(tcp)
 	if err != nil {
 		return nil, err
 	}
