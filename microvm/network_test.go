@@ -19,9 +19,26 @@ import (
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/internal/egress"
+	"github.com/moatsandbox/moat/sandboxtest"
 )
 
-// The network tests put a handler of their own in the proxy's place (the
+// The egress proxy's conformance suite, through the VM's guestfwd. Under
+// TCG pip is slow: the runs get three minutes of wall and CPU time.
+func TestNetwork(t *testing.T) {
+	cfg := requireVMs(t)
+	sandboxtest.TestNetwork(t, func(t *testing.T, p *egress.Proxy) moat.Sandbox {
+		c := cfg
+		c.Egress = p
+		c.Limits = moat.Limits{WallTime: moat.Duration(3 * time.Minute), CPUTime: moat.Duration(3 * time.Minute)}
+		sb, err := New(c)
+		if err != nil {
+			t.Fatalf("New: %v", err)
+		}
+		return sb
+	}, sandboxtest.NetworkOptions{ProxyURL: proxyURL, HostAddrs: []string{"10.0.2.2"}, DNS: []string{"10.0.2.3"}})
+}
+
+// The other network tests put a handler of their own in the proxy's place (the
 // proxy is tested in its package): it answers a line with "proxy:" and the
 // line, and counts the connections of each egress run.
 
@@ -37,7 +54,7 @@ type testProxy struct {
 func fakeProxy(t *testing.T) (Config, *testProxy) {
 	t.Helper()
 	cfg := requireVMs(t)
-	p, err := egress.New(egress.Config{Egress: moat.Egress{Network: &moat.Network{Allow: []string{"pypi.test"}}}})
+	p, err := egress.New(egress.Config{Egress: moat.Egress{Network: &moat.Network{Allow: []string{"pypi.test"}}}, CADir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
