@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -45,12 +46,25 @@ var guestModules = []struct{ path, option string }{
 	{"kernel/fs/overlayfs/overlay.ko", "CONFIG_OVERLAY_FS"},
 }
 
+// netModules are the drivers of a VM with a network (Config.Egress),
+// dependencies first: virtio-net. They are in the initramfs of such VMs
+// only.
+var netModules = []struct{ path, option string }{
+	{"kernel/net/core/failover.ko", "CONFIG_VIRTIO_NET"},
+	{"kernel/drivers/net/net_failover.ko", "CONFIG_VIRTIO_NET"},
+	{"kernel/drivers/net/virtio_net.ko", "CONFIG_VIRTIO_NET"},
+}
+
 // kernel is a guest kernel and the modules it must load.
 type kernel struct {
 	Release string   // e.g. 6.1.0-57-cloud-amd64
 	Image   string   // DIR/boot/vmlinuz-REL
 	Modules []string // under DIR/lib/modules/REL, in load order
 	NoACPI  bool     // built without ACPI (see VMSpec.NoACPI)
+	// NetModules are the modules a VM with a network loads too; NetErr,
+	// when not nil, says why the kernel cannot have one.
+	NetModules []string
+	NetErr     error
 }
 
 // findKernel returns the kernel in dir (an extracted linux-image package,
@@ -106,6 +120,16 @@ func kernelAt(dir, rel, img string) (*kernel, error) {
 			k.Modules = append(k.Modules, p)
 		} else if !builtin(m.option) {
 			return nil, fmt.Errorf("%s: neither %s nor %s=y in its config", img, p, m.option)
+		}
+	}
+	for _, m := range netModules {
+		p := filepath.Join(mods, m.path)
+		if _, err := os.Stat(p); err == nil {
+			k.NetModules = append(k.NetModules, p)
+		} else if !builtin(m.option) {
+			k.NetModules = nil
+			k.NetErr = fmt.Errorf("%s has no virtio-net: neither %s nor %s=y in its config", img, p, m.option)
+			break
 		}
 	}
 	return k, nil
@@ -253,11 +277,14 @@ func lockFile(path string) (unlock func(), err error) {
 }
 
 // ensureInitrd returns the initramfs holding agent as /init and the guest
-// modules of k.
-func ensureInitrd(stateDir, agent string, k *kernel) (string, error) {
+// modules of k, with its network modules too when withNet.
+func ensureInitrd(stateDir, agent string, k *kernel, withNet bool) (string, error) {
 	h := sha256.New()
 	fmt.Fprintf(h, "initrd v1 %s\n", k.Release)
 	mods := k.Modules
+	if withNet {
+		mods = append(slices.Clip(mods), k.NetModules...)
+	}
 	if err := fileKey(h, append([]string{agent, k.Image}, mods...)...); err != nil {
 		return "", fmt.Errorf("microvm: initrd: %w", err)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/image"
+	"github.com/moatsandbox/moat/internal/egress"
 	"github.com/moatsandbox/moat/internal/engine"
 )
 
@@ -81,6 +82,15 @@ type Config struct {
 	// Logger receives set-up facts at info level and a line per run at
 	// debug level. Nil means discard.
 	Logger *slog.Logger `json:"-"`
+	// Egress, when not nil, gives each VM (each one-shot run, each
+	// session) a network whose only way out is this proxy: one virtio-net
+	// device on QEMU's user network with restrict=on and a single guestfwd,
+	// 10.0.2.100:3128, whose connections moat serves with a run of the
+	// proxy (one per VM); the code gets the proxy's environment and CA
+	// bundle (/etc/moat/ca.pem). Such VMs restore a template of their own,
+	// booted with the device. Nil means no network, as before: -nic none,
+	// no network device in the guest.
+	Egress *egress.Proxy `json:"-"`
 }
 
 // Validate reports whether c is usable; the error wraps moat.ErrInvalid.

@@ -4,8 +4,9 @@
 // The VMM sits behind a small interface ([VMM], [VM]); QEMU's microvm
 // machine type is the one implemented ([QEMU]): direct kernel boot, no
 // PCI, virtio-mmio devices only, -nodefaults and -nic none (no network
-// device at all), no host directory shared into the guest, QEMU's seccomp
-// sandbox on (spawning denied), and QEMU itself running as an unprivileged
+// device at all, unless [Config.Egress]: see # Network), no host directory
+// shared into the guest, QEMU's seccomp sandbox on (spawning denied), and
+// QEMU itself running as an unprivileged
 // uid of its own per VM, which needs no access to moat's files beyond the
 // kernel, the initramfs and the disk: the saved state reaches it as a
 // descriptor.
@@ -81,6 +82,34 @@
 // process (memory-backend-file opens its file read-write; the rom= option
 // came in 8.2), so each restore reads the state file (about 100MB, from the
 // page cache) instead.
+//
+// # Network
+//
+// With [Config.Egress] each VM gets one virtio-net device on QEMU's user
+// network (libslirp) with restrict=on, ipv6=off and a single guestfwd,
+// 10.0.2.100:3128, whose cmd: form runs, for each connection of the guest
+// to that address, the agent's binary as a pipe (`agent egress-pipe
+// SOCKET`, its stdio the connection) to a unix socket moat listens on for
+// that VM alone (mode 0600, owned by the VM's uid); moat serves each
+// connection it accepts (at most 64 at once) with the VM's egress run
+// (one per one-shot VM, one per session, closed at its end). restrict=on
+// drops the rest: DNS to 10.0.2.3, all other UDP, TCP to any other address
+// or port, the host's 10.0.2.2 (TestNetworkOneShot checks each, and that
+// nothing reaches the host's loopback; slirp itself still answers ARP,
+// DHCP and a TFTP error inside QEMU). The agent gives eth0 10.0.2.15/24
+// and no default route before the code runs, the code the proxy run's
+// environment (HTTP(S)_PROXY=http://10.0.2.100:3128, the CA variables,
+// the secrets' placeholders; children inherit it) and the proxy's CA
+// bundle read-only at /etc/moat/ca.pem. To run the pipe, QEMU of such a
+// VM has spawning and the set*id calls allowed in its seccomp sandbox
+// (libslirp's child calls setsid, then execve); QEMU keeps no_new_privs
+// and no capabilities, and every process of the VM's uid is killed (kill
+// -9 -1 as that uid) before the uid is released. A VM's devices are part
+// of its saved state: such sandboxes restore a template of their own,
+// booted with the device (see template.go). The guest kernel needs
+// virtio-net (moat's minimal kernel has it built in; the cloud kernel's
+// modules go into that template's initramfs); without it, New fails with
+// moat.ErrUnavailable.
 //
 // # Acceleration
 //
@@ -177,6 +206,7 @@ type backend struct {
 	tmpl   string // the template's directory, unless cold
 	meta   *templateMeta
 	maxVMs int
+	agent  string // the guest agent's binary, also the egress pipe
 	log    *slog.Logger
 }
 
@@ -230,7 +260,7 @@ func New(cfg Config) (*Sandbox, error) {
 		// run's end rather than competing with it.
 		RefillAfterRun: b.spec.Accel == AccelTCG,
 		MaxRuns:        b.maxVMs,
-		MaxCode:        wire.MaxCode,
+		MaxCode:        wire.MaxCode - b.egressReserve(),
 		Notes:          []string{b.note},
 		Logger:         log,
 	}, b)
@@ -287,7 +317,7 @@ func (s *Sandbox) Accel() Accel { return s.b.spec.Accel }
 
 func (b *backend) details() []string {
 	d := []string{
-		"vmm: " + b.vmm.Name() + " (" + b.vmm.Binary + "), machine microvm, no network device",
+		"vmm: " + b.vmm.Name() + " (" + b.vmm.Binary + "), machine microvm, " + b.netLine(),
 		"accel: " + b.accel,
 		"kernel: " + b.spec.Kernel,
 		"disk: " + b.spec.Disk,
@@ -301,16 +331,28 @@ func (b *backend) details() []string {
 	return d
 }
 
+// netLine says what network the VMs have.
+func (b *backend) netLine() string {
+	if b.cfg.Egress == nil {
+		return "no network device"
+	}
+	return "network: " + netDesc
+}
+
 // Close implements engine.Backend: the engine has discarded every VM.
 func (b *backend) Close() error { return nil }
 
 // Describe says which accelerator the VMs use and how they start; see
 // moat.Describer.
 func (s *Sandbox) Describe() string {
+	d := "accel " + string(s.Accel()) + ", restored from a saved template"
 	if s.b.cfg.Cold {
-		return "accel " + string(s.Accel()) + ", a fresh VM booted for every run"
+		d = "accel " + string(s.Accel()) + ", a fresh VM booted for every run"
 	}
-	return "accel " + string(s.Accel()) + ", restored from a saved template"
+	if s.b.cfg.Egress != nil {
+		d += "; network: " + netDesc
+	}
+	return d
 }
 
 var _ moat.Describer = (*Sandbox)(nil)

@@ -53,9 +53,26 @@ func prepare(ctx context.Context, cfg Config, log *slog.Logger) (*backend, error
 	if err != nil {
 		return nil, unavailable("no guest agent", setupRemedy, err)
 	}
-	initrd, err := ensureInitrd(cfg.StateDir, agent, k)
+	if cfg.Egress != nil && k.NetErr != nil {
+		return nil, unavailable("the guest kernel cannot have the egress proxy's network device", setupRemedy+" (it builds the minimal kernel with virtio-net)", k.NetErr)
+	}
+	if cfg.Egress != nil {
+		if _, err := os.Stat(killBinary); err != nil {
+			return nil, unavailable("no kill(1) to end what a VM's user network leaves", "apt-get install procps", err)
+		}
+	}
+	s.agent = agent
+	// The accelerator probe boots the initramfs of a VM without network,
+	// whose answer (cached) holds for both.
+	probeInitrd, err := ensureInitrd(cfg.StateDir, agent, k, false)
 	if err != nil {
 		return nil, unavailable("cannot make the initramfs", "", err)
+	}
+	initrd := probeInitrd
+	if cfg.Egress != nil {
+		if initrd, err = ensureInitrd(cfg.StateDir, agent, k, true); err != nil {
+			return nil, unavailable("cannot make the initramfs", "", err)
+		}
 	}
 	disk, err := ensureDisk(ctx, cfg.StateDir, cfg.Image)
 	if err != nil {
@@ -64,6 +81,11 @@ func prepare(ctx context.Context, cfg Config, log *slog.Logger) (*backend, error
 	s.spec = VMSpec{
 		Kernel: k.Image, Initrd: initrd, Disk: disk, NoACPI: k.NoACPI,
 		MemoryMiB: GuestMemoryMiB(s.limits), VCPUs: cfg.VCPUs,
+	}
+	if cfg.Egress != nil {
+		// The template's: its guest connects nowhere. Each VM gets a
+		// socket of its own (newNet).
+		s.spec.Net = &NetSpec{Pipe: agent}
 	}
 	tag, err := vmTagger()
 	if err != nil {
@@ -78,6 +100,7 @@ func prepare(ctx context.Context, cfg Config, log *slog.Logger) (*backend, error
 		s.accel = "tcg (software emulation, chosen by the operator)"
 	default:
 		probeSpec := s.spec
+		probeSpec.Net, probeSpec.Initrd = nil, probeInitrd
 		probeSpec.Cmdline = kernelCmdline(AccelKVM, 0)
 		p := probeKVM(ctx, cfg.StateDir, s.vmm, probeSpec)
 		var gid uint32

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/moatsandbox/moat/internal/capture"
+	"github.com/moatsandbox/moat/internal/egress"
 )
 
 // QEMU is the [VMM] built on qemu-system-x86_64's microvm machine type:
@@ -77,25 +78,47 @@ func (q *QEMU) args(spec VMSpec, tag string) []string {
 	if spec.NoACPI {
 		machine += ",acpi=off"
 	}
-	a := []string{
-		"-name", tag,
-		"-nodefaults", "-no-user-config", "-display", "none", "-nic", "none",
+	nic := []string{"-nic", "none"}
+	// QEMU's seccomp sandbox denies spawning and the set*id calls, but for
+	// a VM with a network, whose user network runs the pipe for each
+	// connection to the proxy (see NetSpec) after a setsid. QEMU runs as a
+	// uid of its own with no capabilities and no_new_privs (which the
+	// seccomp filter's loading sets, and which its children inherit with
+	// the filter): set*id cannot change its uid or gain a privilege, and
+	// what the pipe and a compromised QEMU could leave behind is killed
+	// with the VM (killUID).
+	spawn, elevate := "deny", "deny"
+	if n := spec.Net; n != nil {
+		socket := n.Socket
+		if socket == "" {
+			socket = "none" // a template's boot: its guest connects nowhere
+		}
+		nic = []string{
+			"-netdev", "user,id=n0,restrict=on,ipv6=off,guestfwd=tcp:" + proxyAddr + ":" + strconv.Itoa(egress.Port) +
+				"-cmd:" + escapeOpt(shellQuote(n.Pipe)+" "+pipeArg+" "+shellQuote(socket)),
+			"-device", "virtio-net-device,netdev=n0,mac=52:54:00:12:34:56",
+		}
+		spawn, elevate = "allow", "allow"
+	}
+	a := []string{"-name", tag, "-nodefaults", "-no-user-config", "-display", "none"}
+	a = append(a, nic...)
+	a = append(a,
 		"-machine", machine,
 		"-accel", accelOpt(spec.Accel),
 		"-cpu", cpu,
 		"-smp", strconv.Itoa(spec.VCPUs),
 		"-m", mem,
 		"-no-reboot",
-		"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+		"-sandbox", "on,obsolete=deny,elevateprivileges="+elevate+",spawn="+spawn+",resourcecontrol=deny",
 		"-kernel", spec.Kernel, "-initrd", spec.Initrd, "-append", spec.Cmdline,
-		"-drive", "id=root,file=" + escapeOpt(spec.Disk) + ",format=raw,if=none,readonly=on",
+		"-drive", "id=root,file="+escapeOpt(spec.Disk)+",format=raw,if=none,readonly=on",
 		"-device", "virtio-blk-device,drive=root",
 		"-device", "virtio-serial-device,max_ports=2",
 		"-chardev", "socket,id=agent,fd=3",
-		"-device", "virtserialport,chardev=agent,name=" + portName,
+		"-device", "virtserialport,chardev=agent,name="+portName,
 		"-chardev", "socket,id=qmp,fd=4",
 		"-mon", "chardev=qmp,mode=control",
-	}
+	)
 	if spec.Console != nil && spec.Restore == "" {
 		a = append(a, "-chardev", "socket,id=con,fd="+strconv.Itoa(fdExtra), "-serial", "chardev:con")
 	} else {
@@ -114,6 +137,14 @@ func accelOpt(a Accel) string { return string(a) }
 // escapeOpt escapes a value inside a QEMU option list, where a comma must
 // be doubled.
 func escapeOpt(s string) string { return strings.ReplaceAll(s, ",", ",,") }
+
+// pipeArg makes the agent's binary the egress pipe (see the agent's net.go).
+const pipeArg = "egress-pipe"
+
+// shellQuote quotes s for the command line of a guestfwd's cmd:, which
+// libslirp splits as a shell would (g_shell_parse_argv) and runs without
+// a shell.
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
 // Start implements VMM.
 func (q *QEMU) Start(ctx context.Context, spec VMSpec) (VM, error) {
@@ -181,6 +212,16 @@ func (q *QEMU) Start(ctx context.Context, spec VMSpec) (VM, error) {
 		}
 		vm.release = release
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: groups}
+		if spec.Net != nil {
+			// What QEMU's user network spawns runs as the VM's uid and
+			// may outlive QEMU: it is killed before the uid is released.
+			vm.release = func() { killUID(uid); release() }
+			if spec.Net.Socket != "" {
+				if err := os.Chown(spec.Net.Socket, uid, gid); err != nil {
+					return fail(fmt.Errorf("microvm: egress: %w", err))
+				}
+			}
+		}
 	}
 	cmd.WaitDelay = time.Second
 	err = cmd.Start()
@@ -207,6 +248,21 @@ func (q *QEMU) Start(ctx context.Context, spec VMSpec) (VM, error) {
 	vm.mon = mon
 	return vm, nil
 }
+
+// killUID kills every process of uid (kill -9 -1 as uid, which the
+// kernel carries out at once over the whole process list: a process that
+// forks meanwhile cannot escape it). The uid is a VM's own, whose QEMU is
+// gone: what is left is what its user network spawned.
+func killUID(uid int) {
+	cmd := exec.Command(killBinary, "-9", "-1")
+	cmd.Env = []string{}
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid), Groups: []uint32{}}}
+	cmd.Run() // it fails when there was nothing to kill
+}
+
+// killBinary is procps' kill(1).
+var killBinary = "/usr/bin/kill"
 
 // explain adds what QEMU printed to err.
 func (vm *qemuVM) explain(err error) error {

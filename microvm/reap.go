@@ -67,7 +67,8 @@ func listVMs() []vmProcess {
 }
 
 // reap kills the VMs whose moat process is gone and removes the half-made
-// files such processes left in the state directory.
+// files such processes left in the state directory, and their VMs' egress
+// sockets.
 func reap(stateDir string, log *slog.Logger) {
 	for _, p := range listVMs() {
 		if _, ok := owner.Of(p.owner + "-"); !ok || owner.Alive(ownersDir, p.owner) {
@@ -75,6 +76,14 @@ func reap(stateDir string, log *slog.Logger) {
 		}
 		if err := syscall.Kill(p.pid, syscall.SIGKILL); err == nil {
 			log.Info("microvm: reaped a leftover VM", "pid", p.pid, "owner", p.owner)
+		}
+	}
+	socks, _ := filepath.Glob(filepath.Join(socketDir, "*.sock"))
+	for _, sk := range socks {
+		if id, ok := owner.Of(filepath.Base(sk)); ok && !owner.Alive(ownersDir, id) {
+			if err := os.Remove(sk); err == nil {
+				log.Info("microvm: reaped a leftover egress socket", "path", sk)
+			}
 		}
 	}
 	for _, sub := range []string{"templates", "agent/*", "initrd", "disks"} {

@@ -27,35 +27,46 @@ const startTimeout = 30 * time.Second
 // Prepare implements engine.Backend: a VM restored from the template (or,
 // for a cold sandbox, booted), its agent waiting for the code.
 func (b *backend) Prepare(ctx context.Context) (engine.Instance, error) {
-	vm, how, err := b.startVM(ctx)
+	vm, n, how, err := b.startVM(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return &vmInstance{b: b, vm: vm, c: newAgentConn(vm.Agent(), nil), how: how}, nil
+	return &vmInstance{b: b, vm: vm, net: n, c: newAgentConn(vm.Agent(), nil), how: how}, nil
 }
 
 // startVM restores the template, or boots a fresh VM when the sandbox is
-// cold, and returns it running with its agent waiting.
-func (b *backend) startVM(ctx context.Context) (VM, string, error) {
+// cold, and returns it running with its agent waiting, and with Egress its
+// network, which the caller closes after killing the VM.
+func (b *backend) startVM(ctx context.Context) (VM, *vmNet, string, error) {
 	start := time.Now()
-	if b.cfg.Cold {
-		vm, _, err := bootToHello(ctx, b.vmm, b.spec, time.Duration(b.cfg.BootTimeout))
-		if err != nil {
-			return nil, "", err
+	spec := b.spec
+	var n *vmNet
+	if b.cfg.Egress != nil {
+		var err error
+		if n, err = b.newNet(); err != nil {
+			return nil, nil, "", err
 		}
-		return vm, fmt.Sprintf("vm: cold boot to a ready agent in %d ms", time.Since(start).Milliseconds()), nil
+		spec.Net = n.spec
 	}
-	vm, err := b.restore(ctx)
+	if b.cfg.Cold {
+		vm, _, err := bootToHello(ctx, b.vmm, spec, time.Duration(b.cfg.BootTimeout))
+		if err != nil {
+			n.close()
+			return nil, nil, "", err
+		}
+		return vm, n, fmt.Sprintf("vm: cold boot to a ready agent in %d ms", time.Since(start).Milliseconds()), nil
+	}
+	vm, err := b.restore(ctx, spec)
 	if err != nil {
-		return nil, "", err
+		n.close()
+		return nil, nil, "", err
 	}
-	return vm, fmt.Sprintf("vm: restored from template %s in %d ms", filepath.Base(b.tmpl)[:12], time.Since(start).Milliseconds()), nil
+	return vm, n, fmt.Sprintf("vm: restored from template %s in %d ms", filepath.Base(b.tmpl)[:12], time.Since(start).Milliseconds()), nil
 }
 
-// restore starts a VM from the template and lets it run: its agent waits
-// for the code.
-func (b *backend) restore(ctx context.Context) (VM, error) {
-	spec := b.spec
+// restore starts a VM of spec from the template and lets it run: its agent
+// waits for the code.
+func (b *backend) restore(ctx context.Context, spec VMSpec) (VM, error) {
 	spec.Restore = filepath.Join(b.tmpl, "state")
 	vm, err := b.vmm.Start(ctx, spec)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -96,6 +107,7 @@ func (b *backend) newRun(code []byte) wire.Run {
 type vmInstance struct {
 	b   *backend
 	vm  VM
+	net *vmNet // with Egress
 	c   *agentConn
 	how string // how it was made, for the Result's notes
 }
@@ -111,7 +123,9 @@ func (in *vmInstance) Start(ctx context.Context, code []byte, stdout, stderr io.
 	default:
 	}
 	s := in.c.runSink()
-	if err := startRun(ctx, in.c, s, in.b.newRun(code)); err != nil {
+	r := in.b.newRun(code)
+	r.Egress = in.b.egressFrame(in.net)
+	if err := startRun(ctx, in.c, s, r); err != nil {
 		in.c.endRun(s)
 		in.vm.Abort()
 		return nil, err
@@ -165,8 +179,12 @@ func started(f frame) error {
 	}
 }
 
-// Discard implements engine.Instance: the VM is killed.
-func (in *vmInstance) Discard() { in.vm.Kill() }
+// Discard implements engine.Instance: the VM is killed, then its network
+// closed.
+func (in *vmInstance) Discard() {
+	in.vm.Kill()
+	in.net.close()
+}
 
 // runProcess is the one run of a VM.
 type runProcess struct {
@@ -201,6 +219,7 @@ func (p *runProcess) Wait() (engine.Evidence, error) {
 		ev = evidence(e)
 	}
 	ev.Notes = append(ev.Notes, p.in.how)
+	ev.Notes = append(ev.Notes, p.in.net.notes()...)
 	p.mu.Lock()
 	if p.backstoped {
 		ev.Notes = append(ev.Notes, "the agent did not report within the wall time; the host killed the VM")

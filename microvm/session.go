@@ -38,15 +38,16 @@ const (
 
 // NewSession implements engine.SessionBackend.
 func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (engine.SessionInstance, error) {
-	vm, _, err := b.startVM(ctx)
+	vm, n, _, err := b.startVM(ctx)
 	if err != nil {
 		return nil, err
 	}
-	ss := &vmSession{b: b, vm: vm, idle: make(chan struct{}, 1), interp: opts.Interpreter,
+	ss := &vmSession{b: b, vm: vm, net: n, idle: make(chan struct{}, 1), interp: opts.Interpreter,
 		budget: time.Duration(b.cfg.SessionCPUTime)}
 	ss.c = newAgentConn(vm.Agent(), ss.onIdle)
 	if err := ss.open(ctx); err != nil {
 		vm.Kill()
+		n.close()
 		return nil, err
 	}
 	return ss, nil
@@ -56,6 +57,7 @@ func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (eng
 type vmSession struct {
 	b      *backend
 	vm     VM
+	net    *vmNet // with Egress: one proxy run for the session's life
 	c      *agentConn
 	idle   chan struct{} // a token for each Idle of the agent's, at most one kept
 	interp bool          // a live interpreter (moat.SessionOptions.Interpreter)
@@ -84,7 +86,7 @@ func (ss *vmSession) open(ctx context.Context) error {
 	rand.Read(seed)
 	if err := ss.c.sendJSON(wire.KindSession, wire.Session{
 		UnixNano: time.Now().UnixNano(), Seed: seed, Disk: int64(b.limits.Disk), FileSize: int64(b.limits.FileSize),
-		Interpreter: ss.interp,
+		Interpreter: ss.interp, Egress: b.egressFrame(ss.net),
 	}); err != nil {
 		return err
 	}
@@ -347,6 +349,7 @@ func (p *sessionProcess) Wait() (engine.Evidence, error) {
 			ev.Notes = append(ev.Notes, "interpreter ended with this run (killed at a limit, cancelled, or it exited): the next run starts a fresh one; the files remain")
 		}
 	}
+	ev.Notes = append(ev.Notes, ss.net.notes()...)
 	if now, cerr := ss.cpu(); cerr == nil {
 		ss.mu.Lock()
 		ss.used += now - p.base
@@ -374,5 +377,6 @@ func (ss *vmSession) Close() error {
 	}
 	ss.mu.Unlock()
 	ss.vm.Kill()
+	ss.net.close()
 	return nil
 }

@@ -26,7 +26,17 @@ import (
 //
 // The key covers everything that changes what the saved VM holds: the VMM
 // and its version, the kernel, the initramfs (and so the agent), the disk,
-// the command line, the accelerator, the guest's memory size and vCPUs.
+// the command line, the accelerator, the guest's memory size and vCPUs,
+// and the network device. A VM's devices are part of its saved state, so a
+// template saved without the egress network device (-nic none) cannot be
+// restored with one, nor the other way round: a sandbox with Egress has a
+// template of its own, booted with the device (its guestfwd's socket a
+// placeholder: nothing connects during the boot) and its initramfs with
+// the network modules, and the agent configures the device before the
+// save. Each VM restored from it gets its own socket on the same command
+// line, which the key leaves out; libslirp saves no guestfwd of the cmd:
+// kind, so the restored VM's is the new command line's. One of each kind
+// is kept: pruning replaces only a template of the same kind.
 
 // templateMeta is meta.json.
 type templateMeta struct {
@@ -38,6 +48,7 @@ type templateMeta struct {
 	Accel     Accel     `json:"accel"`
 	MemoryMiB int       `json:"memory_mib"`
 	VCPUs     int       `json:"vcpus"`
+	Net       bool      `json:"net,omitempty"` // booted with the egress network device
 	BootMS    int64     `json:"boot_ms"`       // QEMU start to the agent's hello
 	GuestMS   int64     `json:"guest_boot_ms"` // the guest's own clock at hello
 	SaveMS    int64     `json:"save_ms"`
@@ -51,10 +62,15 @@ func templateKey(vmm VMM, spec VMSpec) (string, error) {
 	fmt.Fprintf(h, "template v1\nvmm=%s\ncmdline=%s\naccel=%s\nmem=%d\nvcpus=%d\nnoacpi=%v\n",
 		vmm.Name(), spec.Cmdline, spec.Accel, spec.MemoryMiB, spec.VCPUs, spec.NoACPI)
 	if q, ok := vmm.(*QEMU); ok {
-		// The whole command line, but for what differs between runs.
+		// The whole command line, but for what differs between runs (a
+		// VM's egress socket among them).
+		var n *NetSpec
+		if spec.Net != nil {
+			n = &NetSpec{Pipe: spec.Net.Pipe}
+		}
 		fmt.Fprintf(h, "args=%q\n", q.args(VMSpec{
 			Kernel: spec.Kernel, Initrd: spec.Initrd, Disk: spec.Disk, Cmdline: spec.Cmdline,
-			MemoryMiB: spec.MemoryMiB, VCPUs: spec.VCPUs, Accel: spec.Accel, NoACPI: spec.NoACPI,
+			MemoryMiB: spec.MemoryMiB, VCPUs: spec.VCPUs, Accel: spec.Accel, NoACPI: spec.NoACPI, Net: n,
 		}, "tag"))
 	}
 	if err := fileKey(h, spec.Kernel, spec.Initrd, spec.Disk); err != nil {
@@ -79,6 +95,10 @@ func bootToHello(ctx context.Context, vmm VMM, spec VMSpec, timeout time.Duratio
 			err = fmt.Errorf("the guest did not report ready within %v", timeout)
 		}
 		return nil, nil, fmt.Errorf("microvm: boot (%s): %w", spec.Accel, err)
+	}
+	if spec.Net != nil && hello.Net == "" {
+		vm.Kill()
+		return nil, nil, errNoNet
 	}
 	return vm, hello, nil
 }
@@ -164,7 +184,7 @@ func ensureTemplate(ctx context.Context, stateDir string, vmm VMM, spec VMSpec, 
 	}
 	m := &templateMeta{
 		Key: key, VMM: vmm.Name(), Kernel: hello.Kernel, Image: spec.Kernel, Disk: spec.Disk, Accel: spec.Accel,
-		MemoryMiB: spec.MemoryMiB, VCPUs: spec.VCPUs,
+		MemoryMiB: spec.MemoryMiB, VCPUs: spec.VCPUs, Net: spec.Net != nil,
 		BootMS: bootMS, GuestMS: hello.BootMS, SaveMS: saveMS, Size: st.Size(), Created: time.Now().UTC(),
 	}
 	b, _ := json.MarshalIndent(m, "", "  ")
@@ -192,7 +212,7 @@ func pruneTemplates(root string, m *templateMeta) {
 		dir := filepath.Join(root, e.Name())
 		old, err := readMeta(dir)
 		if err != nil || old.Image != m.Image || old.Disk != m.Disk ||
-			old.Accel != m.Accel || old.MemoryMiB != m.MemoryMiB || old.VCPUs != m.VCPUs {
+			old.Accel != m.Accel || old.MemoryMiB != m.MemoryMiB || old.VCPUs != m.VCPUs || old.Net != m.Net {
 			continue
 		}
 		unlock, err := lockFile(dir + ".lock")

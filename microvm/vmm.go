@@ -33,9 +33,10 @@ type VMM interface {
 	Start(ctx context.Context, spec VMSpec) (VM, error)
 }
 
-// VMSpec describes one VM. The guest has no network device and no host
-// directory; its only channels to the host are the agent's port and, for
-// the boot of a template, a console written to a file.
+// VMSpec describes one VM. The guest has no host directory and, unless
+// Net is set, no network device; its only channels to the host are the
+// agent's port, for the boot of a template a console written to a file,
+// and with Net the connections to the egress proxy's address.
 type VMSpec struct {
 	Kernel  string // the guest kernel image
 	Initrd  string // the initramfs, holding the agent as /init
@@ -48,6 +49,9 @@ type VMSpec struct {
 	// NoACPI gives the guest no ACPI tables: for a kernel built without
 	// ACPI, which then finds its virtio-mmio devices on the command line.
 	NoACPI bool
+	// Net, when not nil, gives the guest one network device whose only
+	// way out is the egress proxy (see NetSpec). Nil: no network device.
+	Net *NetSpec
 
 	// Restore is a state file saved by [VM.Save]. The VM starts paused
 	// from it; [VM.Resume] lets it run.

@@ -118,7 +118,10 @@ func extraBenchTargets(fc fileConfig, l moat.Level, closers *[]moat.Sandbox) ([]
 	case moat.LevelMicroVM:
 		// A second sandbox that boots a fresh VM for every run, to show
 		// what restoring the template saves.
-		cfg := fc.microvmConfig()
+		cfg, err := fc.microvmConfig()
+		if err != nil {
+			return nil, err
+		}
 		cfg.Cold = true
 		cold, err := microvm.New(cfg)
 		if err != nil {

@@ -233,20 +233,30 @@ func levelTable() []levelEntry {
 		{
 			level: moat.LevelMicroVM,
 			open: func(ctx context.Context, fc fileConfig) (moat.Sandbox, error) {
-				return microvm.New(fc.microvmConfig())
+				cfg, err := fc.microvmConfig()
+				if err != nil {
+					return nil, err
+				}
+				return microvm.New(cfg)
 			},
 			check: func(ctx context.Context, fc fileConfig) moat.Availability {
-				return microvm.Check(ctx, fc.microvmConfig())
+				cfg, err := fc.microvmConfig()
+				if err != nil {
+					return moat.Unavailable(moat.LevelMicroVM, err)
+				}
+				return microvm.Check(ctx, cfg)
 			},
 			claims: claimsAll,
 		},
 	}
 }
 
-func (fc fileConfig) microvmConfig() microvm.Config {
+func (fc fileConfig) microvmConfig() (microvm.Config, error) {
 	cfg := fc.MicroVM
 	cfg.Limits = fc.Limits
-	return cfg
+	p, err := fc.proxy()
+	cfg.Egress = p
+	return cfg, err
 }
 
 func (fc fileConfig) containerConfig() (container.Config, error) {

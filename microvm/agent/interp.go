@@ -175,6 +175,7 @@ func (a *agent) startInterp() (*interp, error) {
 	}
 	toClose = append(toClose, devNull)
 	cmd := pythonCmd(codeDir + "/driver.py")
+	cmd.Env = append(cmd.Env, a.env...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = devNull, soW, seW
 	cmd.ExtraFiles = []*os.File{inR, outW}
 	cmd.SysProcAttr.UseCgroupFD = true

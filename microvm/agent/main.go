@@ -6,10 +6,16 @@
 // /modules/order (virtio-mmio, virtio-blk, virtio-console, overlay; none for
 // a kernel that has them built in), mounts the shared root filesystem
 // read-only from /dev/vda under a writable tmpfs layer (overlayfs), prepares
-// a cgroup for the run, starts python3 in it (chrooted into the root
-// filesystem, as an unprivileged uid) to wait for its code, opens the
+// a cgroup for the run, configures the network device when the VM has one
+// (eth0: 10.0.2.15/24, no default route; see net.go), starts python3 in the
+// cgroup (chrooted into the root filesystem, as an unprivileged uid) to
+// wait for its code, opens the
 // virtio-serial port named moat.agent and says Hello. moat saves the VM at
 // that point and starts every VM as a restore of it.
+//
+// Run on the host by QEMU's user network as `agent egress-pipe SOCKET`, the
+// binary is the pipe between one guest connection and moat's egress socket
+// (see egressPipe).
 //
 // After the restore, moat sends one Run, or a Session. For a Run the agent
 // sets the clock, reseeds the kernel's random generator, sizes the writable
@@ -82,6 +88,9 @@ func consoleLog(format string, args ...any) {
 }
 
 func main() {
+	if len(os.Args) == 3 && os.Args[1] == pipeArg && os.Getpid() != 1 {
+		os.Exit(egressPipe(os.Args[2], os.Stdin, os.Stdout))
+	}
 	if os.Getpid() != 1 {
 		fmt.Fprintln(os.Stderr, "moat guest agent: must run as PID 1 of a moat VM")
 		os.Exit(2)
@@ -110,11 +119,17 @@ type agent struct {
 	// it has ended, until the next run starts a fresh one).
 	interpMode bool
 	interp     *interp
+	// env is what the code's environment gets on top of pythonCmd's: the
+	// egress proxy's (nil for a VM without network).
+	env []string
 }
 
 // zygoteSource is the Python program that, once started, closes
 // descriptor 4 (the agent then knows it is ready), waits for the path of
-// the code on descriptor 3 and then runs the code as `python3 PATH`
+// the code on descriptor 3 (followed, NUL-separated, by the KEY=VALUE
+// entries the run adds to its environment: the egress proxy's, which a
+// VM restored from the template learns only with its run) and then runs
+// the code as `python3 PATH`
 // would: as module __main__ with its own globals, sys.argv and sys.path[0]
 // set from PATH, the traceback of an uncaught exception printed by
 // sys.excepthook without the zygote's frame and exit status 1 (an uncaught
@@ -128,7 +143,11 @@ const zygoteSource = `import os, sys
 def _moat_main():
     os.close(4)
     with os.fdopen(3, 'rb') as f:
-        path = f.read().decode()
+        path, *env = f.read().split(b'\0')
+    path = path.decode()
+    for kv in env:
+        k, _, v = kv.partition(b'=')
+        os.environb[k] = v
     with open(path, 'rb') as f:
         src = f.read()
     main = type(sys)('__main__')
@@ -337,6 +356,10 @@ func (a *agent) boot() error {
 	if err := prepareCgroup(); err != nil {
 		return err
 	}
+	netDone, err := setupNet()
+	if err != nil {
+		return err
+	}
 	if err := os.WriteFile(newRoot+codeDir+"/zygote.py", []byte(zygoteSource), 0o444); err != nil {
 		return err
 	}
@@ -365,7 +388,26 @@ func (a *agent) boot() error {
 	return a.sendJSON(wire.KindHello, wire.Hello{
 		Kernel: unix.ByteSliceToString(uts.Release[:]),
 		BootMS: ts.Nano() / 1e6,
+		Net:    netDone,
 	})
+}
+
+// egress takes the code's part of the VM's network: the environment, and
+// the CA bundle, which it places at caFile. Nil is no network.
+func (a *agent) egress(e *wire.Egress) error {
+	if e == nil {
+		return nil
+	}
+	for _, kv := range e.Env {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" || strings.ContainsRune(kv, 0) {
+			return fmt.Errorf("egress: bad environment entry %q", kv)
+		}
+	}
+	a.env = e.Env
+	if e.CABundle != "" {
+		return writeCA(e.CABundle)
+	}
+	return nil
 }
 
 // loadModules loads, in order, the modules named in dir/order.
@@ -514,6 +556,9 @@ func (a *agent) serve() error {
 		if err := sizeLayer(r.Disk); err != nil {
 			return err
 		}
+		if err := a.egress(r.Egress); err != nil {
+			return err
+		}
 		exit, err := a.run(&r, &runState{})
 		if err != nil {
 			return err
@@ -548,6 +593,9 @@ func (a *agent) session(s *wire.Session) error {
 		return err
 	}
 	if err := sizeLayer(s.Disk); err != nil {
+		return err
+	}
+	if err := a.egress(s.Egress); err != nil {
 		return err
 	}
 	f, err := openFiles(newRoot+workDir, runUID, runGID, s.FileSize, a)
@@ -769,7 +817,7 @@ func (a *agent) run(r *wire.Run, st *runState) (*wire.Exit, error) {
 	}
 	// Files changed from now on are the run's (see fileAtLimit).
 	start := time.Now()
-	if _, err := z.start.WriteString(codePath); err != nil {
+	if _, err := z.start.WriteString(strings.Join(append([]string{codePath}, a.env...), "\x00")); err != nil {
 		return nil, fmt.Errorf("start the code: %w", err)
 	}
 	z.start.Close()

@@ -159,6 +159,18 @@ type Hello struct {
 	// BootMS is how long the guest took from kernel start to ready, by its
 	// own monotonic clock.
 	BootMS int64 `json:"boot_ms"`
+	// Net says how the agent configured the VM's network device, "" when
+	// the VM has none.
+	Net string `json:"net,omitempty"`
+}
+
+// Egress is what the code of a VM with a network gets besides the network
+// itself: the environment the egress proxy's run gives it (the proxy's
+// address, the CA bundle's path, the secrets' placeholders) and the CA
+// bundle, which the agent places read-only at /etc/moat/ca.pem.
+type Egress struct {
+	Env      []string `json:"env,omitempty"`
+	CABundle string   `json:"ca_bundle,omitempty"`
 }
 
 // Run asks the agent to run code once. The wall time is the host's to
@@ -178,6 +190,9 @@ type Run struct {
 	FileSize  int64 `json:"file_size"`
 	Disk      int64 `json:"disk"`
 	OpenFiles int64 `json:"open_files"`
+	// Egress, in the one Run of a VM with a network, is its code's; a
+	// session's comes in its Session.
+	Egress *Egress `json:"egress,omitempty"`
 }
 
 // Session makes the VM a session's: the agent sizes the writable layer to
@@ -192,6 +207,8 @@ type Session struct {
 	// kept; a run that ends it (a kill, os._exit) makes the next run's a
 	// fresh one.
 	Interpreter bool `json:"interpreter,omitempty"`
+	// Egress, for a VM with a network, is every run's.
+	Egress *Egress `json:"egress,omitempty"`
 }
 
 // Exit is the evidence of how a run ended, as the agent saw it from outside
