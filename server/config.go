@@ -14,6 +14,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/moatsandbox/moat"
 )
 
@@ -62,6 +64,11 @@ type Config struct {
 	// StateDir holds the session database. Zero means /var/lib/moat when
 	// root, else $XDG_STATE_HOME/moat or ~/.local/state/moat.
 	StateDir string `json:"state_dir,omitempty"`
+	// Registry is the Prometheus registry the server's collectors join and
+	// GET /metrics serves, so that the sandboxes' own (the egress proxy's
+	// moat_egress_requests_total) appear beside them. Nil means one of the
+	// server's own.
+	Registry *prometheus.Registry `json:"-"`
 
 	// MaxCodeBytes caps the code of one run. Zero means 1MiB.
 	MaxCodeBytes moat.Bytes `json:"max_code_bytes,omitempty"`

@@ -25,9 +25,12 @@ type metrics struct {
 	profileSessions *prometheus.GaugeVec
 }
 
-func newMetrics() *metrics {
+func newMetrics(reg *prometheus.Registry) *metrics {
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
 	m := &metrics{
-		reg: prometheus.NewRegistry(),
+		reg: reg,
 		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "moat_runs_total",
 			Help: "Runs finished, by level and reason (none: the code simply exited; error: the sandbox failed).",

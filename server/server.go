@@ -90,7 +90,7 @@ func New(cfg Config) (*Server, error) {
 		cfg:       cfg,
 		log:       cfg.Logger,
 		store:     st,
-		metrics:   newMetrics(),
+		metrics:   newMetrics(cfg.Registry),
 		sessions:  map[string]*session{},
 		sweepDone: make(chan struct{}),
 		stopSweep: make(chan struct{}),

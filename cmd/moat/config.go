@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/container"
 	"github.com/moatsandbox/moat/gvisor"
@@ -58,6 +60,8 @@ type fileConfig struct {
 	proxyConfig *egress.Config
 	// logger gets the egress proxy's decisions. Nil means discard.
 	logger *slog.Logger
+	// registerer gets the egress proxy's counters. Nil means none.
+	registerer prometheus.Registerer
 }
 
 // toolSection is what moat mcp and moat agent read from their sections: how

@@ -26,7 +26,7 @@ func (fc fileConfig) proxy() (*egress.Proxy, error) {
 	if !e.Enabled() {
 		return nil, nil
 	}
-	p, err := egress.New(egress.Config{Egress: e, Logger: fc.logger})
+	p, err := egress.New(egress.Config{Egress: e, Logger: fc.logger, Registerer: fc.registerer})
 	if err != nil {
 		return nil, fmt.Errorf("network: %w", err)
 	}

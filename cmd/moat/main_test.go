@@ -196,13 +196,20 @@ func TestAttackJSONSubprocess(t *testing.T) {
 	if err := json.Unmarshal([]byte(stdout), &got); err != nil {
 		t.Fatal(err)
 	}
-	if len(got.Results) != len(attack.All) {
-		t.Fatalf("want %d results, got %d", len(attack.All), len(got.Results))
+	if want := len(attack.All) + len(attack.EgressAttacks); len(got.Results) != want {
+		t.Fatalf("want %d results (the egress probes too), got %d", want, len(got.Results))
 	}
+	egressed := 0
 	for _, r := range got.Results {
+		if attack.IsEgress(attack.Name(r.Attack)) {
+			egressed++
+		}
 		if !r.Blocked || r.How == "" {
 			t.Errorf("%s at %s: blocked=%v how=%q", r.Attack, r.Level, r.Blocked, r.How)
 		}
+	}
+	if egressed != len(attack.EgressAttacks) {
+		t.Errorf("%d egress probes in the results, want %d", egressed, len(attack.EgressAttacks))
 	}
 }
 

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/server"
 )
@@ -54,6 +56,10 @@ func cmdServe(ctx context.Context, args []string, stdio Stdio) int {
 	}
 	log := slog.New(handler)
 	cfg.Logger = log
+	// One registry for the server's collectors and the egress proxies'
+	// counters, which GET /metrics serves together.
+	cfg.Registry = prometheus.NewRegistry()
+	fc.logger, fc.registerer = log, cfg.Registry
 
 	if sc.TokensFile == "" {
 		return exitFor(stdio, fmt.Errorf("serve: --tokens-file (server.tokens_file) is required: the API serves only holders of a token: %w", moat.ErrInvalid))

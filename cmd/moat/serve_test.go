@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -212,10 +215,13 @@ func TestServeProfiles(t *testing.T) {
 		}
 		t.Skip("the subprocess level needs root (CI runs this as root)")
 	}
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "from upstream") }))
+	defer up.Close()
+	upPort := up.Listener.Addr().(*net.TCPAddr).Port
 	conf := filepath.Join(t.TempDir(), "moat.json")
-	if err := os.WriteFile(conf, []byte(`{"network_profiles": {
-		"pypi": {"network": {"allow": ["pypi.test"], "resolve": {"pypi.test": "127.0.0.1"}}},
-		"unused": {"network": {"allow": ["unused.test"]}}}}`), 0o600); err != nil {
+	if err := os.WriteFile(conf, []byte(fmt.Sprintf(`{"network_profiles": {
+		"pypi": {"network": {"allow": ["pypi.test:%d"], "resolve": {"pypi.test": "127.0.0.1"}}},
+		"unused": {"network": {"allow": ["unused.test"]}}}}`, upPort)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	tokens := writeTokens(t, "alice s3cret-token-0123456789 pypi\nbob s3cret-token-9876543210\n", 0o600)
@@ -256,11 +262,21 @@ func TestServeProfiles(t *testing.T) {
 		return resp.StatusCode, string(b)
 	}
 	if code, body := call("GET", "/v1/network_profiles", "s3cret-token-0123456789", ""); code != 200 ||
-		!strings.Contains(body, `{"name":"pypi","levels":["subprocess"],"allow":["pypi.test"]}`) || strings.Contains(body, "unused") {
+		!strings.Contains(body, fmt.Sprintf(`{"name":"pypi","levels":["subprocess"],"allow":["pypi.test:%d"]}`, upPort)) || strings.Contains(body, "unused") {
 		t.Errorf("alice's profiles: %d %s", code, body)
 	}
-	if code, body := call("POST", "/v1/runs", "s3cret-token-0123456789", `{"code":"print(6*7)","network":"pypi"}`); code != 200 || !strings.Contains(body, `"stdout":"42\n"`) {
-		t.Errorf("alice's run under pypi: %d %s", code, body)
+	fetch := fmt.Sprintf(`{"code":"import urllib.request\ntry:\n print(urllib.request.urlopen('http://pypi.test:%d/', timeout=5).read().decode())\nexcept Exception as e:\n print('failed', e)","network":%%s}`, upPort)
+	if code, body := call("POST", "/v1/runs", "s3cret-token-0123456789", fmt.Sprintf(fetch, `"pypi"`)); code != 200 ||
+		!strings.Contains(body, `"stdout":"from upstream\n"`) || !strings.Contains(body, "network: allowed pypi.test") {
+		t.Errorf("alice's fetch under pypi: %d %s", code, body)
+	}
+	if code, body := call("POST", "/v1/runs", "s3cret-token-0123456789", fmt.Sprintf(fetch, `null`)); code != 200 ||
+		!strings.Contains(body, `"stdout":"failed`) {
+		t.Errorf("alice's fetch without a profile: %d %s", code, body)
+	}
+	if code, body := call("GET", "/metrics", "s3cret-token-0123456789", ""); code != 200 ||
+		!strings.Contains(body, fmt.Sprintf(`moat_egress_requests_total{decision="allowed",host="pypi.test:%d"} 1`, upPort)) {
+		t.Errorf("/metrics lacks the proxy's counter: %d %s", code, body)
 	}
 	if code, body := call("POST", "/v1/runs", "s3cret-token-9876543210", `{"code":"print(6*7)","network":"pypi"}`); code != 403 || !strings.Contains(body, "network_profile_forbidden") {
 		t.Errorf("bob's run under pypi: %d %s", code, body)
