@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/bench"
@@ -22,6 +23,7 @@ func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
 	asJSON := fs.Bool("json", false, "print one JSON object {rows: [{name, level, runs, min_ms, median_ms, p90_ms, max_ms, ratio}]}")
 	quiet := fs.Bool("quiet", false, "no progress lines on standard error")
 	idle := fs.Int("idle", 0, "instead of latency, open this many idle sessions per level (plain and interpreter) and report the host memory each holds")
+	egressN := fs.Int("egress", 0, "instead of run latency, time this many small fetches (and one of 64MiB) over loopback directly and through moat's egress proxy")
 	if code, ok := parseFlags(fs, args, stdio); !ok {
 		return code
 	}
@@ -51,6 +53,12 @@ func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
 			sb.Close()
 		}
 	}()
+	if *egressN < 0 {
+		return exitFor(stdio, fmt.Errorf("--egress %d must not be negative: %w", *egressN, moat.ErrInvalid))
+	}
+	if *egressN > 0 {
+		return benchEgress(ctx, *egressN, *asJSON, stdio)
+	}
 	if *idle < 0 {
 		return exitFor(stdio, fmt.Errorf("--idle %d must not be negative: %w", *idle, moat.ErrInvalid))
 	}
@@ -205,5 +213,25 @@ func benchIdle(ctx context.Context, fc fileConfig, lvls []moat.Level, n int, asJ
 		}
 		fmt.Fprintf(stdio.Out, "%-12s %-12s %9d %14.1f %12s\n", r.Level, kind, r.Sessions, float64(r.PerSession)/float64(moat.MiB), per)
 	}
+	return exitOK
+}
+
+// benchEgress prints what the egress proxy adds to a fetch over loopback.
+func benchEgress(ctx context.Context, n int, asJSON bool, stdio Stdio) int {
+	c, err := bench.MeasureEgress(ctx, n, 64<<20)
+	if err != nil {
+		return exitFor(stdio, err)
+	}
+	if asJSON {
+		if err := json.NewEncoder(stdio.Out).Encode(map[string]any{"egress": c}); err != nil {
+			return exitFor(stdio, err)
+		}
+		return exitOK
+	}
+	ms := func(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/1e6) }
+	fmt.Fprintf(stdio.Out, "%-26s %12s %12s %10s\n", "egress, loopback", "direct", "proxy", "ratio")
+	fmt.Fprintf(stdio.Out, "%-26s %12s %12s %9.2fx\n", fmt.Sprintf("GET, median of %d", c.Requests), ms(c.Direct), ms(c.Proxied), float64(c.Proxied)/float64(c.Direct))
+	fmt.Fprintf(stdio.Out, "%-26s %9.0f MB/s %7.0f MB/s %9.2fx\n", fmt.Sprintf("%d MiB fetch", c.Bytes>>20), c.DirectMBps, c.ProxiedMBps, c.ProxiedMBps/c.DirectMBps)
+	fmt.Fprintf(stdio.Out, "the proxy adds %s per request (a new connection each)\n", ms(c.Added))
 	return exitOK
 }
