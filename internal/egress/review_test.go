@@ -141,3 +141,46 @@ func TestMITMEchoInInterimAndTrailer(t *testing.T) {
 	}
 	tn.end(t)
 }
+
+// TestDeniedAddressForms: the forms of an address that a resolver or a
+// URL parser might read as loopback (decimal, hex, octal, short,
+// trailing-dot, IPv4-mapped, zoned), userinfo put before an address, and
+// a CONNECT authority with userinfo all reach no upstream: each is either
+// an IP address or a name no Allow entry matches.
+func TestDeniedAddressForms(t *testing.T) {
+	u := newUpstream(t, false)
+	h := newHarness(t, &moat.Network{
+		Allow:   []string{fmt.Sprintf("pypi.test:%d", u.port), "*.pypi.test"},
+		Resolve: map[string]string{"pypi.test": "127.0.0.1"},
+	}, nil)
+	p := u.port
+	for _, target := range []string{
+		fmt.Sprintf("http://2130706433:%d/", p),
+		fmt.Sprintf("http://0x7f.1:%d/", p),
+		fmt.Sprintf("http://0177.0.0.1:%d/", p),
+		fmt.Sprintf("http://127.1:%d/", p),
+		fmt.Sprintf("http://127.0.0.1.:%d/", p),
+		fmt.Sprintf("http://[::ffff:127.0.0.1]:%d/", p),
+		fmt.Sprintf("http://[::ffff:7f00:1]:%d/", p),
+		fmt.Sprintf("http://[fe80::1%%25lo]:%d/", p),
+		fmt.Sprintf("http://pypi.test:%d@127.0.0.1:%d/", p, p),
+		fmt.Sprintf("http://127.0.0.1:%d#@pypi.test:%d/", p, p),
+		fmt.Sprintf("http://127.0.0.1.pypi.test.evil:%d/", p),
+		fmt.Sprintf("CONNECT pypi.test:%d@127.0.0.1:%d", p, p),
+		fmt.Sprintf("CONNECT 127.0.0.1.:%d", p),
+		fmt.Sprintf("CONNECT [::1%%lo]:%d", p),
+		fmt.Sprintf("CONNECT localhost:%d", p),
+	} {
+		head := "GET " + target + " HTTP/1.1\r\nHost: " + fmt.Sprintf("pypi.test:%d", p) + "\r\n\r\n"
+		if strings.HasPrefix(target, "CONNECT ") {
+			head = target + " HTTP/1.1\r\n\r\n"
+		}
+		_, _, resp := h.raw(t, head)
+		if resp.StatusCode/100 != 4 {
+			t.Errorf("%s: got %s, want a refusal", target, resp.Status)
+		}
+	}
+	if n := u.conns.Load(); n != 0 {
+		t.Errorf("the upstream got %d connections", n)
+	}
+}
