@@ -134,13 +134,12 @@ func (r *runSecrets) serveMITM(client net.Conn, host string, port int, dial func
 		}
 		req.Header = nil // the real values: drop them as soon as they are sent
 
-		resp, err := readResponse(up.br, req, bw)
+		resp, err := r.readResponse(up.br, req, bw)
 		if err != nil {
 			writeStatus(tc, http.StatusBadGateway, "moat egress: bad response from "+where)
 			return fmt.Errorf("egress: %s: reading the response: %w", where, err)
 		}
-		r.scrub(resp.Header)
-		resp.Status = r.hide(resp.Status)
+		r.hideResponse(resp)
 		body := resp.Body
 		resp.Body = &flushingBody{ReadCloser: body, upstream: up.br, sandbox: bw}
 		err = resp.Write(bw)
@@ -237,9 +236,9 @@ func dialUpstream(dial func() (net.Conn, error), host string, roots *x509.CertPo
 }
 
 // readResponse reads the upstream's response to req, passing any
-// informational (1xx) responses before it to the sandbox. A 101 is an
-// error: checkInTunnel let no upgrade through.
-func readResponse(br *bufio.Reader, req *http.Request, sandbox *bufio.Writer) (*http.Response, error) {
+// informational (1xx) responses before it to the sandbox with the secrets'
+// values hidden. A 101 is an error: checkInTunnel let no upgrade through.
+func (r *runSecrets) readResponse(br *bufio.Reader, req *http.Request, sandbox *bufio.Writer) (*http.Response, error) {
 	for {
 		resp, err := http.ReadResponse(br, req)
 		if err != nil {
@@ -249,6 +248,7 @@ func readResponse(br *bufio.Reader, req *http.Request, sandbox *bufio.Writer) (*
 		case resp.StatusCode == http.StatusSwitchingProtocols:
 			return nil, errors.New("the upstream switched protocols unasked")
 		case resp.StatusCode >= 100 && resp.StatusCode < 200:
+			r.hideResponse(resp)
 			if err := resp.Write(sandbox); err != nil {
 				return nil, err
 			}

@@ -56,6 +56,15 @@ func newMITMUpstream(t testing.TB) *testUpstream {
 			<-u.release
 			fmt.Fprint(w, "event two\n")
 			return
+		case "/echo-more": // X-Echo in a 103's header and in the trailer
+			w.Header().Set("Link", e)
+			w.WriteHeader(http.StatusEarlyHints)
+			w.Header().Del("Link")
+			w.Header().Set("Trailer", "X-Trailer")
+			fmt.Fprint(w, "ok")
+			w.(http.Flusher).Flush()
+			w.Header().Set("X-Trailer", e)
+			return
 		case "/echo-status", "/echo-garbage": // a hostile or broken upstream
 			c, bw, _ := w.(http.Hijacker).Hijack()
 			defer c.Close()

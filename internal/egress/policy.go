@@ -108,9 +108,10 @@ var embedding = []struct {
 	prefix netip.Prefix
 	offset int // byte offset of the IPv4 address in the IPv6 one
 }{
-	{netip.MustParsePrefix("64:ff9b::/96"), 12},   // NAT64
-	{netip.MustParsePrefix("64:ff9b:1::/48"), 12}, // local-use NAT64
-	{netip.MustParsePrefix("2002::/16"), 2},       // 6to4
+	{netip.MustParsePrefix("64:ff9b::/96"), 12},    // NAT64
+	{netip.MustParsePrefix("64:ff9b:1::/48"), 12},  // local-use NAT64
+	{netip.MustParsePrefix("2002::/16"), 2},        // 6to4
+	{netip.MustParsePrefix("::ffff:0:0:0/96"), 12}, // SIIT's IPv4-translated (RFC 6145)
 }
 
 // refusedAddr says why the sandbox may not reach a (as "a private

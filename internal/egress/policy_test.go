@@ -44,14 +44,17 @@ func TestRefusedAddr(t *testing.T) {
 		{"::ffff:100.64.0.1", true},
 		{"::ffff:0.1.2.3", true},
 		{"::ffff:240.0.0.1", true},
-		{"64:ff9b::a00:1", true},    // NAT64 of 10.0.0.1
-		{"2002:7f00:1::1", true},    // 6to4 of 127.0.0.1
-		{"172.32.0.1", false},       // just past 172.16/12
-		{"100.128.0.1", false},      // just past 100.64/10
-		{"8.8.8.8", false},          // public
-		{"::ffff:8.8.8.8", false},   // public, mapped
-		{"64:ff9b::808:808", false}, // NAT64 of a public address
-		{"2606:4700::1111", false},  // public IPv6
+		{"64:ff9b::a00:1", true},     // NAT64 of 10.0.0.1
+		{"2002:7f00:1::1", true},     // 6to4 of 127.0.0.1
+		{"::ffff:0:7f00:1", true},    // SIIT's IPv4-translated 127.0.0.1
+		{"::ffff:0:a9fe:a9fe", true}, // ... and 169.254.169.254
+		{"::ffff:0:808:808", false},  // ... and a public address
+		{"172.32.0.1", false},        // just past 172.16/12
+		{"100.128.0.1", false},       // just past 100.64/10
+		{"8.8.8.8", false},           // public
+		{"::ffff:8.8.8.8", false},    // public, mapped
+		{"64:ff9b::808:808", false},  // NAT64 of a public address
+		{"2606:4700::1111", false},   // public IPv6
 	} {
 		why := refusedAddr(netip.MustParseAddr(tc.addr))
 		if (why != "") != tc.refused {

@@ -394,7 +394,8 @@ func (r *Run) serve(c net.Conn) {
 
 // forward serves one absolute-form http:// request: the policy's decision,
 // the hop-by-hop and Proxy-* headers removed, the Host header set to the
-// URL's host, the secrets' rewrite, and the response streamed back.
+// URL's host, the secrets' rewrite, and the response streamed back with
+// the secrets' values hidden in its status, header and trailer.
 func (r *Run) forward(c net.Conn, req *http.Request) {
 	defer req.Body.Close()
 	switch {
@@ -456,6 +457,7 @@ func (r *Run) forward(c net.Conn, req *http.Request) {
 			refuse(c, http.StatusBadGateway, clean(d.String())+": no response")
 			return
 		}
+		r.secrets.hideResponse(resp) // a secret's host may echo the value
 		if resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
 			resp.Write(c) // 100 Continue and the like: the final response follows
 			continue

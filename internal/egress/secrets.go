@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"os"
@@ -194,12 +195,17 @@ func (r *runSecrets) rewrite(req *http.Request, host string, port int) (refusal 
 	return ""
 }
 
-// hide replaces every secret's real value in s with its placeholder: for
-// text that came from an upstream (a response's header, an error quoting
-// what the upstream sent) on its way to the sandbox or to moat's logs.
+// hide replaces every secret's real value in s with its placeholder, as
+// it is and in the escaped forms a URL carries it in (a redirect's
+// Location that keeps the key of the query): for text that came from an
+// upstream (a response's header, an error quoting what the upstream sent)
+// on its way to the sandbox or to moat's logs.
 func (r *runSecrets) hide(s string) string {
 	for i := range r.set.secrets {
-		s = strings.ReplaceAll(s, r.set.secrets[i].value, r.placeholders[i])
+		v := r.set.secrets[i].value
+		for _, form := range []string{v, url.QueryEscape(v), url.PathEscape(v)} {
+			s = strings.ReplaceAll(s, form, r.placeholders[i])
+		}
 	}
 	return s
 }
@@ -213,6 +219,36 @@ func (r *runSecrets) scrub(h http.Header) {
 			vs[j] = r.hide(v)
 		}
 	}
+}
+
+// hideResponse hides the secrets' real values in what resp, an upstream's
+// response (a 1xx too) on its way to the sandbox, carries outside its
+// body: the status line, the header and, once the body has been read to
+// its end, the trailer. Every path that writes an upstream's response to
+// the sandbox calls it before the write.
+func (r *runSecrets) hideResponse(resp *http.Response) {
+	resp.Status = r.hide(resp.Status)
+	r.scrub(resp.Header)
+	if resp.Trailer != nil && resp.Body != nil {
+		resp.Body = &trailerHider{ReadCloser: resp.Body, r: r, trailer: resp.Trailer}
+	}
+}
+
+// trailerHider is a response's body that hides the secrets' values in the
+// response's trailer when the body ends (net/http fills the trailer then,
+// and Response.Write writes it after the body).
+type trailerHider struct {
+	io.ReadCloser
+	r       *runSecrets
+	trailer http.Header
+}
+
+func (b *trailerHider) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.r.scrub(b.trailer)
+	}
+	return n, err
 }
 
 // hiddenError is an error whose text has the secrets' values hidden; it
