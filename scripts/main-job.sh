@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # main-job.sh: set up everything (scripts/setup.sh), then run moat's main
 # job: the attack scoreboard and the latency table for every level available
-# here, plus the tutorial baseline as an ordinary user, for comparison.
+# here (the egress probes with a network policy in force), plus the tutorial
+# baseline as an ordinary user, for comparison, and the egress proxy's cost.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Go as the machine ships it, where it is not on PATH yet.
@@ -33,4 +34,8 @@ rm -rf "$demo_bin"
 echo
 echo "== latency, print(1), every available level"
 "$moat" bench || status=$?
+
+echo
+echo "== the egress proxy: a fetch over loopback, direct and through the proxy"
+"$moat" bench --egress 200 || status=$?
 exit $status
