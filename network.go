@@ -181,7 +181,10 @@ func ParseHostPattern(s string) (HostPattern, error) {
 	}
 	h, err := normalHost(host)
 	if err != nil {
-		return p, fmt.Errorf("%q: %w", s, err)
+		if host != s {
+			return p, fmt.Errorf("%q: %w", s, err)
+		}
+		return p, err
 	}
 	if p.Wildcard && !strings.Contains(h, ".") {
 		return p, fmt.Errorf("%q: a wildcard needs a domain with a dot (\"*.example.com\"), not a top-level domain: %w", s, ErrInvalid)
