@@ -416,8 +416,10 @@ func (r *Run) serve(c net.Conn) {
 
 // forward serves one absolute-form http:// request: the policy's decision,
 // the hop-by-hop and Proxy-* headers removed, the Host header set to the
-// URL's host, the secrets' rewrite, and the response streamed back with
-// the secrets' values hidden in its status, header and trailer.
+// URL's host, no secret's value put in (checkPlain: a placeholder is
+// refused), and the response streamed back with the secrets' values hidden
+// in its status, header and trailer, and for a secret's host (asked for an
+// unencoded response) in its body too.
 func (r *Run) forward(c net.Conn, req *http.Request) {
 	defer req.Body.Close()
 	switch {
