@@ -14,6 +14,32 @@
 // For a secret's host it terminates TLS with a certificate of moat's CA,
 // which the sandbox trusts through the bundle [Run.CABundle] returns; other
 // hosts are tunnelled untouched.
+//
+// A secret's real value goes only into TLS: in the intercepted tunnel, a
+// placeholder in a request header (and, for InURL, the URL) to one of the
+// secret's hosts becomes the value. A plain http:// request that carries
+// a secret's placeholder is refused (403) whatever its host, and one
+// without goes as sent. Everything a secret's host sends back passes
+// through the proxy with each secret's value turned back into its
+// placeholder: the status line, the header, 1xx responses, the trailer,
+// and the body, where the value is caught as it is, URL-escaped (query and
+// path), JSON- and HTML-escaped, and in base64 (standard and URL-safe,
+// with or without padding, at any offset in a 3-byte group). Such a body
+// goes to the sandbox chunked, streamed as it comes (the proxy holds back
+// only bytes that could start a value). Requests to a secret's host ask
+// for an unencoded response (Accept-Encoding: identity); a body under any
+// other Content-Encoding is refused (502) rather than passed unread.
+//
+// What remains: the operator trusts a secret's hosts with its value. A
+// host that hands it back in a form not listed above (split across a
+// range request or two responses, cut short, upper- or lower-cased,
+// hex-encoded, hashed, encrypted, or within a compression the header does
+// not declare) gives it to the code. A value shorter than a few bytes
+// makes the body's rewriting hit unrelated text.
+//
+// Each run logs at most maxLogLines lines between two calls of
+// [Run.Notes], then one line saying the rest are counted, not logged; the
+// metrics and the notes count every decision.
 package egress
 
 import (
@@ -48,7 +74,8 @@ type Config struct {
 	// Resolver resolves the allowed names that Resolve does not pin. Nil
 	// means net.DefaultResolver.
 	Resolver *net.Resolver
-	// Logger gets one line per decision. Nil means discard.
+	// Logger gets one line per decision, at most maxLogLines per run
+	// between two calls of Run.Notes. Nil means discard.
 	Logger *slog.Logger
 	// Registerer gets the proxy's counters
 	// (moat_egress_requests_total{decision,host}). Nil means none.

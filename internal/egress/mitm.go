@@ -47,14 +47,17 @@ var errRefused = errors.New("refused")
 // secrets become their real values and the request goes upstream over one
 // TLS connection made with dial (the address the proxy checked), verified
 // for host against roots (nil means the system's), opened at the first
-// request that is not refused. The response comes back with the secrets'
-// real values in its header turned back into placeholders.
+// request that is not refused, asking for an unencoded response. The
+// response comes back with the secrets' real values turned back into
+// placeholders in its status line, header, trailer and body (hideBody);
+// an encoded body (Content-Encoding other than identity) is refused with a
+// 502 and the reason goes to denied (which may be nil).
 //
-// A refusal is a 403 to the sandbox and the end of the tunnel, and the
-// returned error wraps errRefused. serveMITM returns nil when the sandbox
+// A refusal is a 403 (a request) or 502 (a response) to the sandbox and the
+// end of the tunnel, and the returned error wraps errRefused. serveMITM returns nil when the sandbox
 // or the upstream ended the exchange cleanly, and closes client and the
 // upstream connection on return. No error it returns holds a real value.
-func (r *runSecrets) serveMITM(client net.Conn, host string, port int, dial func() (net.Conn, error), a *authority, roots *x509.CertPool, decide func(req *http.Request) (refusal string)) (err error) {
+func (r *runSecrets) serveMITM(client net.Conn, host string, port int, dial func() (net.Conn, error), a *authority, roots *x509.CertPool, decide func(req *http.Request) (refusal string), denied func(why string)) (err error) {
 	defer client.Close()
 	defer func() { err = r.hideErr(err) }() // an error may quote what the upstream sent
 	where := hostPort(host, port)
@@ -115,6 +118,7 @@ func (r *runSecrets) serveMITM(client net.Conn, host string, port int, dial func
 			writeStatus(tc, http.StatusForbidden, "moat egress: refused: "+refusal)
 			return fmt.Errorf("egress: %s: %w: %s", where, errRefused, refusal)
 		}
+		askIdentity(req.Header)
 
 		if up == nil {
 			if up, err = dialUpstream(dial, host, roots); err != nil {
@@ -140,6 +144,14 @@ func (r *runSecrets) serveMITM(client net.Conn, host string, port int, dial func
 			return fmt.Errorf("egress: %s: reading the response: %w", where, err)
 		}
 		r.hideResponse(resp)
+		if refusal := r.hideBody(resp, req); refusal != "" {
+			resp.Body.Close()
+			writeStatus(tc, http.StatusBadGateway, "moat egress: refused: "+refusal)
+			if denied != nil {
+				denied(refusal)
+			}
+			return fmt.Errorf("egress: %s: %w: %s", where, errRefused, refusal)
+		}
 		body := resp.Body
 		resp.Body = &flushingBody{ReadCloser: body, upstream: up.br, sandbox: bw}
 		err = resp.Write(bw)

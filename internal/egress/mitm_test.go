@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -65,6 +66,17 @@ func newMITMUpstream(t testing.TB) *testUpstream {
 			w.(http.Flusher).Flush()
 			w.Header().Set("X-Trailer", e)
 			return
+		case "/echo-body": // X-Echo and a value it knows, in many forms, in the body
+			echoBody(w, e)
+			return
+		case "/204", "/304": // no body
+			code, _ := strconv.Atoi(r.URL.Path[1:])
+			w.WriteHeader(code)
+			return
+		case "/gzip": // an encoded body
+			w.Header().Set("Content-Encoding", "gzip")
+			fmt.Fprint(w, e)
+			return
 		case "/echo-status", "/echo-garbage": // a hostile or broken upstream
 			c, bw, _ := w.(http.Hijacker).Hijack()
 			defer c.Close()
@@ -114,6 +126,7 @@ type mitmOptions struct {
 	insecure   bool   // the client skips verifying moat's leaf
 	roots      *x509.CertPool
 	decide     func(*http.Request) string
+	denied     func(why string)
 }
 
 // openTunnel runs serveMITM on one end of a loopback TCP pair and
@@ -158,7 +171,7 @@ func openTunnel(t testing.TB, r *runSecrets, up *testUpstream, o mitmOptions) (t
 		t.Fatal(err)
 	}
 	tn = &tunnel{done: make(chan error, 1)}
-	go func() { tn.done <- r.serveMITM(server, o.host, o.port, up.dial, a, o.roots, o.decide) }()
+	go func() { tn.done <- r.serveMITM(server, o.host, o.port, up.dial, a, o.roots, o.decide, o.denied) }()
 	tn.conn = tls.Client(client, &tls.Config{RootCAs: trust, ServerName: o.serverName, InsecureSkipVerify: o.insecure, NextProtos: []string{"http/1.1"}})
 	t.Cleanup(func() { tn.conn.Close() })
 	tn.br = bufio.NewReader(tn.conn)

@@ -15,6 +15,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/moatsandbox/moat"
@@ -29,6 +30,11 @@ const (
 	maxHead = 64 << 10
 	// headTimeout bounds reading a request's line and headers.
 	headTimeout = 10 * time.Second
+	// maxLogLines is how many lines a run logs between two calls of Notes
+	// (one run of a session each); one more says the rest are counted,
+	// not logged. A sandbox that makes a million connections does not
+	// flood moat's log: the metrics and the notes still count them all.
+	maxLogLines = 100
 )
 
 // Proxy enforces one Config for every run of a sandbox. It is safe for
@@ -180,6 +186,7 @@ type Run struct {
 	p       *Proxy
 	secrets *runSecrets
 	tally   tally
+	logged  atomic.Int64  // lines logged since the last Notes
 	done    chan struct{} // closed by Close
 
 	mu        sync.Mutex
@@ -260,7 +267,7 @@ func (r *Run) ServeConn(c net.Conn) {
 	case r.clients >= maxConns:
 		r.mu.Unlock()
 		r.tally.refused()
-		r.p.log.Warn("egress: connection refused: too many at once", "max", maxConns)
+		r.log(slog.LevelWarn, "egress: connection refused: too many at once", "max", maxConns)
 		c.SetDeadline(time.Now().Add(time.Second))
 		refuse(c, http.StatusServiceUnavailable, fmt.Sprintf("too many connections at once (%d)", maxConns))
 		c.Close()
@@ -284,7 +291,22 @@ func (r *Run) ServeConn(c net.Conn) {
 // Notes returns the decisions since the last call, for the run's result:
 // "network: allowed pypi.org:443 (3 connections); denied evil.example:443
 // (not allowed)". Nil when there were none.
-func (r *Run) Notes() []string { return r.tally.notes() }
+func (r *Run) Notes() []string {
+	r.logged.Store(0)
+	return r.tally.notes()
+}
+
+// log writes one line to the proxy's log unless the run already logged
+// maxLogLines since the last Notes: the line past them says so, and later
+// ones are dropped (the metrics and the notes still count them).
+func (r *Run) log(level slog.Level, msg string, attrs ...any) {
+	switch n := r.logged.Add(1); {
+	case n <= maxLogLines:
+		r.p.log.Log(context.Background(), level, msg, attrs...)
+	case n == maxLogLines+1:
+		r.p.log.Warn("egress: further decisions of this run are counted, not logged", "logged", maxLogLines)
+	}
+}
 
 // Close ends the run's listeners and connections and waits for them. It
 // may be called more than once.
@@ -360,7 +382,7 @@ func (r *Run) record(d decision) {
 	if d.pinned {
 		attrs = append(attrs, "pinned", true)
 	}
-	r.p.log.Info("egress", attrs...)
+	r.log(slog.LevelInfo, "egress", attrs...)
 	r.p.metrics.count(d)
 	r.tally.add(d)
 }
@@ -394,8 +416,10 @@ func (r *Run) serve(c net.Conn) {
 
 // forward serves one absolute-form http:// request: the policy's decision,
 // the hop-by-hop and Proxy-* headers removed, the Host header set to the
-// URL's host, the secrets' rewrite, and the response streamed back with
-// the secrets' values hidden in its status, header and trailer.
+// URL's host, no secret's value put in (checkPlain: a placeholder is
+// refused), and the response streamed back with the secrets' values hidden
+// in its status, header and trailer, and for a secret's host (asked for an
+// unencoded response) in its body too.
 func (r *Run) forward(c net.Conn, req *http.Request) {
 	defer req.Body.Close()
 	switch {
@@ -423,11 +447,15 @@ func (r *Run) forward(c net.Conn, req *http.Request) {
 	req.Host = req.URL.Host
 	req.URL.User = nil
 	req.RequestURI = ""
-	if refusal := r.secrets.rewrite(req, d.host, port); refusal != "" {
+	if refusal := r.secrets.checkPlain(req, d.host, port); refusal != "" {
 		d.deny(refusal)
 		r.record(d)
 		refuse(c, http.StatusForbidden, "denied "+clean(d.String())+" ("+refusal+")")
 		return
+	}
+	secretHost := r.secrets.intercepts(d.host, port)
+	if secretHost {
+		askIdentity(req.Header)
 	}
 	var up net.Conn
 	if d.failed == "" {
@@ -465,6 +493,16 @@ func (r *Run) forward(c net.Conn, req *http.Request) {
 		removeHopByHop(resp.Header)
 		resp.ProtoMajor, resp.ProtoMinor, resp.Proto = 1, 1, "HTTP/1.1"
 		resp.Close = true // one request per connection from the sandbox
+		if secretHost {
+			// No value went there over plain http, but the host may hold
+			// one from a TLS request: its body is hidden as there.
+			if refusal := r.secrets.hideBody(resp, req); refusal != "" {
+				d.deny(refusal)
+				r.record(d)
+				refuse(c, http.StatusBadGateway, "denied "+clean(d.String())+" ("+refusal+")")
+				return
+			}
+		}
 		resp.Write(c)
 		resp.Body.Close()
 		return
@@ -517,8 +555,14 @@ func (r *Run) connect(c net.Conn, br *bufio.Reader, req *http.Request) {
 		client := &replayConn{Conn: c, r: io.MultiReader(bytes.NewReader(hello), br)}
 		r.record(d)
 		dial := func() (net.Conn, error) { return r.dial(d) }
-		if err := r.secrets.serveMITM(client, d.host, port, dial, r.p.ca, r.p.roots, func(in *http.Request) string { return r.decideInner(d, in) }); err != nil {
-			r.p.log.Info("egress: intercepted tunnel ended", "host", d.host, "port", port, "err", err)
+		decide := func(in *http.Request) string { return r.decideInner(d, in) }
+		denied := func(why string) {
+			d := d
+			d.deny(why)
+			r.record(d)
+		}
+		if err := r.secrets.serveMITM(client, d.host, port, dial, r.p.ca, r.p.roots, decide, denied); err != nil {
+			r.log(slog.LevelInfo, "egress: intercepted tunnel ended", "host", d.host, "port", port, "err", err)
 		}
 		return
 	}

@@ -133,12 +133,44 @@ func (r *runSecrets) intercepts(host string, port int) bool {
 	return false
 }
 
-// rewrite puts the real values in req, bound for host:port (the address
-// the proxy connects to, not anything req says), in place of the
+// sent reports whether req carries the placeholder ph where the proxy
+// looks: a header name or value, the Host or the request target.
+func sent(req *http.Request, ph string) bool {
+	if strings.Contains(req.RequestURI+"\n"+req.Host+"\n"+req.URL.String()+"\n"+req.URL.Path, ph) {
+		return true
+	}
+	for k, vs := range req.Header {
+		if strings.Contains(k, ph) {
+			return true
+		}
+		for _, v := range vs {
+			if strings.Contains(v, ph) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// misplaced is the refusal of a request to host:port that carries the
+// placeholder of a secret whose Hosts do not match it, "" if none does.
+func (r *runSecrets) misplaced(req *http.Request, host string, port int) string {
+	for i, ph := range r.placeholders {
+		if !r.set.secrets[i].matches(host, port) && sent(req, ph) {
+			return fmt.Sprintf("the placeholder of secret %s was sent to %s, which is not one of its hosts",
+				r.set.secrets[i].name, hostPort(host, port))
+		}
+	}
+	return ""
+}
+
+// rewrite puts the real values in req, bound for host:port over TLS (the
+// address the proxy connects to, not anything req says), in place of the
 // placeholders of the secrets whose Hosts match it: in every header value
 // and, for a secret with InURL, in the URL's path and query (escaped as
 // each needs). Placeholders in header names, the body and trailers are
-// left as sent.
+// left as sent. Only the intercepted tunnel calls it: a plain http://
+// request gets checkPlain instead.
 //
 // A placeholder of a secret whose Hosts do not match host:port, found in a
 // header name or value, the Host or the request target, makes rewrite
@@ -148,35 +180,14 @@ func (r *runSecrets) rewrite(req *http.Request, host string, port int) (refusal 
 	if len(r.placeholders) == 0 {
 		return ""
 	}
-	match := make([]bool, len(r.placeholders))
-	for i := range r.set.secrets {
-		match[i] = r.set.secrets[i].matches(host, port)
-	}
-	target := req.RequestURI + "\n" + req.Host + "\n" + req.URL.String()
-	for i, ph := range r.placeholders {
-		if match[i] {
-			continue
-		}
-		found := strings.Contains(target, ph)
-		for k, vs := range req.Header {
-			if found {
-				break
-			}
-			found = strings.Contains(k, ph)
-			for _, v := range vs {
-				found = found || strings.Contains(v, ph)
-			}
-		}
-		if found {
-			return fmt.Sprintf("the placeholder of secret %s was sent to %s, which is not one of its hosts",
-				r.set.secrets[i].name, hostPort(host, port))
-		}
+	if refusal := r.misplaced(req, host, port); refusal != "" {
+		return refusal
 	}
 	for i, ph := range r.placeholders {
-		if !match[i] {
-			continue
-		}
 		s := &r.set.secrets[i]
+		if !s.matches(host, port) {
+			continue
+		}
 		for _, vs := range req.Header {
 			for j, v := range vs {
 				vs[j] = strings.ReplaceAll(v, ph, s.value)
@@ -193,6 +204,22 @@ func (r *runSecrets) rewrite(req *http.Request, host string, port int) (refusal 
 		}
 	}
 	return ""
+}
+
+// checkPlain decides a plain http:// request to host:port, which never
+// gets a real value: moat puts secrets only into TLS, where the path to
+// the host is not readable on the way. A placeholder of a secret whose
+// Hosts match host:port makes it refused (saying so); a placeholder of
+// another secret, as rewrite refuses it. The refusal names the secret and
+// host:port, never a value. req is not changed.
+func (r *runSecrets) checkPlain(req *http.Request, host string, port int) (refusal string) {
+	for i, ph := range r.placeholders {
+		if r.set.secrets[i].matches(host, port) && sent(req, ph) {
+			return fmt.Sprintf("moat puts secrets only into TLS connections: the placeholder of secret %s was sent to %s over plain http",
+				r.set.secrets[i].name, hostPort(host, port))
+		}
+	}
+	return r.misplaced(req, host, port)
 }
 
 // hide replaces every secret's real value in s with its placeholder, as
@@ -212,7 +239,7 @@ func (r *runSecrets) hide(s string) string {
 
 // scrub hides the secrets' real values in h, a response's header on its
 // way back to the sandbox: a host that echoes a request header does not
-// hand the code the value. (Bodies are not scrubbed.)
+// hand the code the value. (A body gets hideBody, which knows more forms.)
 func (r *runSecrets) scrub(h http.Header) {
 	for _, vs := range h {
 		for j, v := range vs {
