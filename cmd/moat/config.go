@@ -288,18 +288,7 @@ func decodeValue(path string, raw json.RawMessage, v reflect.Value) error {
 			return configErr("%s: %s is not an object", path, shown(raw))
 		}
 		m := reflect.MakeMap(v.Type())
-		dec := json.NewDecoder(bytes.NewReader(raw))
-		dec.Token() // {
-		for dec.More() {
-			tok, err := dec.Token()
-			if err != nil {
-				return configErr("%s: %v", path, err)
-			}
-			key := tok.(string)
-			var val json.RawMessage
-			if err := dec.Decode(&val); err != nil {
-				return configErr("%s: %v", path, err)
-			}
+		err := eachMember(path, raw, func(key string, val json.RawMessage) error {
 			k := reflect.ValueOf(key).Convert(v.Type().Key())
 			if m.MapIndex(k).IsValid() {
 				return configErr("key %q is given twice", join(path, key))
@@ -309,6 +298,10 @@ func decodeValue(path string, raw json.RawMessage, v reflect.Value) error {
 				return err
 			}
 			m.SetMapIndex(k, e)
+			return nil
+		})
+		if err != nil {
+			return err
 		}
 		v.Set(m)
 	case reflect.Slice:
@@ -332,19 +325,8 @@ func decodeValue(path string, raw json.RawMessage, v reflect.Value) error {
 // decodeObject decodes the JSON object raw into the struct v, key by key.
 func decodeObject(path string, raw json.RawMessage, v reflect.Value) error {
 	fields := jsonFields(v.Type())
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.Token() // {
 	seen := map[string]bool{}
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return configErr("%s: %v", path, err)
-		}
-		key := tok.(string)
-		var val json.RawMessage
-		if err := dec.Decode(&val); err != nil {
-			return configErr("%s: %v", path, err)
-		}
+	return eachMember(path, raw, func(key string, val json.RawMessage) error {
 		full := join(path, key)
 		if why, ok := notRead[full]; ok {
 			return configErr("key %q is not read: %s", full, why)
@@ -357,7 +339,25 @@ func decodeObject(path string, raw json.RawMessage, v reflect.Value) error {
 			return configErr("key %q is given twice", full)
 		}
 		seen[key] = true
-		if err := decodeValue(full, val, v.FieldByIndex(idx)); err != nil {
+		return decodeValue(full, val, v.FieldByIndex(idx))
+	})
+}
+
+// eachMember calls fn with each member of the JSON object raw, in order,
+// and stops at the first error.
+func eachMember(path string, raw json.RawMessage, fn func(key string, val json.RawMessage) error) error {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.Token() // {
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return configErr("%s: %v", path, err)
+		}
+		var val json.RawMessage
+		if err := dec.Decode(&val); err != nil {
+			return configErr("%s: %v", path, err)
+		}
+		if err := fn(tok.(string), val); err != nil {
 			return err
 		}
 	}

@@ -435,12 +435,8 @@ func (r *Run) forward(c net.Conn, req *http.Request) {
 		refuse(c, http.StatusBadRequest, err.Error())
 		return
 	}
-	ctx, cancel := r.context(resolveTimeout)
-	d := r.p.decide(ctx, host, port)
-	cancel()
-	if !d.allowed {
-		r.record(d)
-		refuse(c, http.StatusForbidden, "denied "+clean(d.String())+" ("+d.why+")")
+	d, ok := r.decideOrRefuse(c, host, port)
+	if !ok {
 		return
 	}
 	removeHopByHop(req.Header)
@@ -509,6 +505,20 @@ func (r *Run) forward(c net.Conn, req *http.Request) {
 	}
 }
 
+// decideOrRefuse is the policy's decision on host:port; a denial is
+// recorded and answered with 403, and ok is false.
+func (r *Run) decideOrRefuse(c net.Conn, host string, port int) (d decision, ok bool) {
+	ctx, cancel := r.context(resolveTimeout)
+	d = r.p.decide(ctx, host, port)
+	cancel()
+	if !d.allowed {
+		r.record(d)
+		refuse(c, http.StatusForbidden, "denied "+clean(d.String())+" ("+d.why+")")
+		return d, false
+	}
+	return d, true
+}
+
 // connect serves a CONNECT tunnel: the policy's decision, 200, then the
 // client's TLS ClientHello, whose server name must be the CONNECT host,
 // then either a plain tunnel to the checked address or, for a secret's
@@ -520,12 +530,8 @@ func (r *Run) connect(c net.Conn, br *bufio.Reader, req *http.Request) {
 		refuse(c, http.StatusBadRequest, err.Error())
 		return
 	}
-	ctx, cancel := r.context(resolveTimeout)
-	d := r.p.decide(ctx, host, port)
-	cancel()
-	if !d.allowed {
-		r.record(d)
-		refuse(c, http.StatusForbidden, "denied "+clean(d.String())+" ("+d.why+")")
+	d, ok := r.decideOrRefuse(c, host, port)
+	if !ok {
 		return
 	}
 	if d.failed != "" {
