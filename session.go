@@ -90,3 +90,48 @@ type FileInfo struct {
 	ModTime time.Time   `json:"mod_time"`
 	IsDir   bool        `json:"is_dir"`
 }
+
+// Suspender is implemented by sessions that can be suspended: their state
+// saved on disk and everything of them that runs or holds memory ended.
+//
+// Suspend waits for the run in progress to end (ctx bounds the wait; the
+// run is never lost), then saves the session into dir, which Suspend
+// creates and which must not exist yet; its parent should be moat's own
+// (mode 0700). The directory appears complete or not at all: a crash
+// during Suspend leaves no dir (the session is then ended as by Close). A
+// manifest in it holds every file's size and digest, which ResumeSession
+// checks. Once Suspend has returned nil the session is closed (later calls
+// fail with ErrClosed); on an error the session is as it was, unless the
+// error wraps ErrClosed.
+type Suspender interface {
+	Suspend(ctx context.Context, dir string) (SuspendInfo, error)
+}
+
+// Resumer is implemented by sandboxes that can bring suspended sessions
+// back. ResumeSession checks dir (written by a Suspend of a session of
+// this level) against its manifest and returns a live session with its
+// files and, when the SuspendInfo's Memory says so, its memory (the live
+// interpreter's variables). A dir that is damaged, truncated or of another
+// level is refused with an error wrapping ErrInvalid and nothing is
+// started. dir is only read: one suspended state can be resumed many
+// times, each a session of its own (a fork).
+type Resumer interface {
+	ResumeSession(ctx context.Context, dir string) (Session, SuspendInfo, error)
+}
+
+// SuspendInfo says what a suspended session kept.
+type SuspendInfo struct {
+	Level Level `json:"level"`
+	// Interpreter says the session had a live interpreter.
+	Interpreter bool `json:"interpreter"`
+	// Memory says the session's memory was saved with its files: the
+	// interpreter's variables come back on resume. Without it the files
+	// come back and a live interpreter starts fresh.
+	Memory bool `json:"memory"`
+	// Files is how many files and directories were saved, and Bytes the
+	// size of the state on disk.
+	Files int   `json:"files"`
+	Bytes int64 `json:"bytes"`
+	// Notes say what was not kept (symbolic links, special files).
+	Notes []string `json:"notes,omitempty"`
+}

@@ -36,7 +36,7 @@ func (s *Sandbox) NewSession(ctx context.Context, opts moat.SessionOptions) (moa
 	if err != nil {
 		return nil, s.setupError(ctx, err)
 	}
-	return &Session{s: s, inst: inst, sem: make(chan struct{}, 1)}, nil
+	return &Session{s: s, inst: inst, opts: opts, sem: make(chan struct{}, 1)}, nil
 }
 
 // Session is a moat.Session over a SessionInstance: the engine serializes
@@ -45,16 +45,22 @@ func (s *Sandbox) NewSession(ctx context.Context, opts moat.SessionOptions) (moa
 type Session struct {
 	s    *Sandbox
 	inst SessionInstance
+	opts moat.SessionOptions
 	sem  chan struct{} // held by the run in progress
 
 	mu     sync.Mutex
 	closed bool
 	spent  bool
+	saved  bool             // the instance ended in StateSaver.SaveState
 	ops    map[*op]struct{} // the run, file operations and open readers in progress
 	busy   sync.WaitGroup   // counts the ops
 }
 
-var _ moat.Session = (*Session)(nil)
+var (
+	_ moat.Session   = (*Session)(nil)
+	_ moat.Suspender = (*Session)(nil)
+	_ moat.Resumer   = (*Sandbox)(nil)
+)
 
 // op is one use of the instance in progress: a run, a file operation, or a
 // reader ReadFile returned. Its context is the caller's, ended as well when
@@ -207,6 +213,12 @@ func (ss *Session) Close() error {
 	// The instance is closed once nothing uses it: SessionInstance's
 	// contract.
 	ss.busy.Wait()
+	ss.mu.Lock()
+	saved := ss.saved
+	ss.mu.Unlock()
+	if saved {
+		return nil
+	}
 	return ss.inst.Close()
 }
 
