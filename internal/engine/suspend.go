@@ -62,7 +62,7 @@ type savedInfo struct {
 // manifest is manifest.json: every directory and regular file of the
 // state but the manifest, with its size and SHA-256.
 type manifest struct {
-	Dirs  []string       `json:"dirs"`
+	Dirs  []string        `json:"dirs"`
 	Files []manifestEntry `json:"files"`
 }
 
