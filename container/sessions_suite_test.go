@@ -22,3 +22,10 @@ func TestSessions(t *testing.T) {
 		},
 	})
 }
+
+// TestSuspend runs the suspended sessions' suite: the files come back, the
+// live interpreter starts fresh (this level keeps no memory yet).
+func TestSuspend(t *testing.T) {
+	needEngine(t)
+	sandboxtest.TestSuspend(t, factory, sandboxtest.SuspendOptions{})
+}

@@ -109,9 +109,10 @@ type NetworkOptions struct {
 //     upstream never sees a ClientHello.
 //   - Secret/ToItsHost: the placeholder (moat-secret-...) the code holds
 //     in API_KEY, sent in Authorization and X-Api-Key to api.test over
-//     http and https, arrives as the real value; in the URL (the secret is
-//     headers-only) it stays the placeholder; the real value is nowhere
-//     in the run's environment, output or notes.
+//     https, arrives as the real value; in the URL (the secret is
+//     headers-only) it stays the placeholder; over plain http it is
+//     refused (403) and reaches nothing (moat puts secrets only into TLS);
+//     the real value is nowhere in the run's environment, output or notes.
 //   - Secret/Elsewhere: the placeholder sent to other.test (allowed, not
 //     the secret's host) never arrives there as the real value.
 //   - Pip: python3 -m pip install --index-url http://pypi.test:PORT/simple/
@@ -708,7 +709,7 @@ print(json.dumps({
     "env": dict(os.environ),
     "http": fetch("http://api.test:%%d%%s" %% (CFG["http"], p), hd),
     "https": fetch("https://api.test:%%d%%s" %% (CFG["https"], p), hd),
-    "in_url": fetch("http://api.test:%%d%%s?key=%%s" %% (CFG["http"], p, urllib.parse.quote(ph)), hd),
+    "in_url": fetch("https://api.test:%%d%%s?key=%%s" %% (CFG["https"], p, urllib.parse.quote(ph)), hd),
 }))
 `, path))
 	got := n.up.since(m)
@@ -721,10 +722,19 @@ print(json.dumps({
 			t.Errorf("the run's environment holds the real value in %s", k)
 		}
 	}
+	// moat puts secrets only into TLS: the plain-http request that
+	// carries the placeholder is refused, and reaches nothing.
+	if r := asMap(out["http"]); fmt.Sprint(r["status"]) != "403" {
+		t.Errorf("http: the placeholder over plain http got %v, want 403", r)
+	}
+	for _, r := range got.requests {
+		if r.Host == "api.test:"+strconv.Itoa(port(n.up.http)) {
+			t.Errorf("http: api.test's plain upstream got %s, though the request carried a secret's placeholder", r)
+		}
+	}
 	want := map[string]string{
-		"http":   "api.test:" + strconv.Itoa(port(n.up.http)) + path,
 		"https":  "api.test:" + strconv.Itoa(port(n.up.https)) + path,
-		"in_url": "api.test:" + strconv.Itoa(port(n.up.http)) + path + "?key=" + url.QueryEscape(ph),
+		"in_url": "api.test:" + strconv.Itoa(port(n.up.https)) + path + "?key=" + url.QueryEscape(ph),
 	}
 	for k, hostURI := range want {
 		i := slices.IndexFunc(got.requests, func(r request) bool { return r.Host+r.URI == hostURI })
