@@ -21,6 +21,12 @@ import (
 // in each of two forks of one state.
 func TestSuspend(t *testing.T) {
 	cfg := requireVMs(t)
+	cfg.Warm = -1      // no VM of the pool: every QEMU left is the sessions'
+	t.Cleanup(func() { // after the sandbox's Close
+		if left := leftovers(); len(left) > 0 {
+			t.Errorf("left on the host: %s", strings.Join(left, ", "))
+		}
+	})
 	sandboxtest.TestSuspend(t, func(t *testing.T, l moat.Limits) moat.Sandbox {
 		c := cfg
 		c.Limits = l
@@ -30,9 +36,13 @@ func TestSuspend(t *testing.T) {
 		}
 		return sb
 	}, sandboxtest.SuspendOptions{Memory: true})
-	if left := leftovers(); len(left) > 0 {
-		t.Errorf("left on the host: %s", strings.Join(left, ", "))
-	}
+}
+
+// noPool is a configuration of sandboxes that keep no VM ahead of runs.
+func noPool(t *testing.T) Config {
+	cfg := requireVMs(t)
+	cfg.Warm = -1
+	return cfg
 }
 
 // suspendOne suspends ss into a new directory of t's and returns it.
@@ -94,7 +104,7 @@ func TestSuspendRefresh(t *testing.T) {
 // A state is restored only by the machine that saved it, with the options
 // it was saved with; the refusal starts nothing.
 func TestSuspendOtherMachine(t *testing.T) {
-	sb := open(t, requireVMs(t), moat.Limits{})
+	sb := open(t, noPool(t), moat.Limits{})
 	key, err := templateKey(sb.b.vmm, sb.b.spec)
 	if err != nil {
 		t.Fatal(err)
@@ -174,7 +184,7 @@ func qemuMemory(t *testing.T) (n int, rss, pss int64) {
 // output against a fresh session's first output, the host memory of a
 // suspended session and of three forks against three fresh sessions.
 func TestSuspendFigures(t *testing.T) {
-	sb := open(t, requireVMs(t), moat.Limits{})
+	sb := open(t, noPool(t), moat.Limits{})
 	ctx := context.Background()
 	opts := moat.SessionOptions{Interpreter: true}
 	mib := func(b int64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
