@@ -245,3 +245,21 @@ func TestSuspendFigures(t *testing.T) {
 	t.Logf("host memory of %d QEMUs: %d forks of one state Rss %s Pss %s; %d fresh sessions Rss %s Pss %s",
 		N, N, mib(frss), mib(fpss), N, mib(srss), mib(spss))
 }
+
+// A suspend does not give a session its CPU budget back: the resumed
+// session goes on counting from what its runs had used.
+func TestSuspendKeepsBudget(t *testing.T) {
+	cfg := noPool(t)
+	cfg.SessionCPUTime = moat.Duration(3 * time.Second)
+	sb := open(t, cfg, moat.Limits{CPUTime: moat.Duration(10 * time.Second), WallTime: moat.Duration(30 * time.Second)})
+	ss := newSession(t, sb)
+	burn := "import time\nend = time.process_time() + 2\nwhile time.process_time() < end:\n    pass\nprint('done')\n"
+	if res := runIn(t, ss, burn); res.Reason != moat.ReasonNone {
+		t.Fatalf("the first 2s of a 3s budget: %q", res.Reason)
+	}
+	dir, _ := suspendOne(t, ss)
+	r := resumeOne(t, sb, dir)
+	if res := runIn(t, r, burn); res.Reason != moat.ReasonTimeout {
+		t.Errorf("2s more after the resume: reason %q, want the budget's timeout", res.Reason)
+	}
+}
