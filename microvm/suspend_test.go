@@ -222,7 +222,7 @@ func TestSuspendFigures(t *testing.T) {
 		sb.Accel(), suspend.Round(time.Millisecond), info.Bytes, mib(info.Bytes), resumeFirst.Round(time.Millisecond), freshFirst.Round(time.Millisecond), n, mib(rss))
 
 	const N = 3
-	var forks, fresh3 []moat.Session
+	var forks []moat.Session
 	for range N {
 		f := resumeOne(t, sb, dir)
 		runOK(t, f, "print(len(x))")
@@ -239,7 +239,6 @@ func TestSuspendFigures(t *testing.T) {
 		}
 		defer s.Close()
 		runOK(t, s, "x = list(range(100000))\nprint(len(x))")
-		fresh3 = append(fresh3, s)
 	}
 	_, srss, spss := qemuMemory(t)
 	t.Logf("host memory of %d QEMUs: %d forks of one state Rss %s Pss %s; %d fresh sessions Rss %s Pss %s",
