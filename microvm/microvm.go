@@ -165,6 +165,23 @@
 // interpreter's process: it can change what later runs of its session do
 // and the exit status they report, never the limits, which the agent reads
 // from the cgroup.
+//
+// A session suspends with its memory (moat.Suspender, through
+// engine.StateSaver; see suspend.go): its paused VM is migrated to a file
+// as a template is (QMP stop, migrate), which holds all of the session (its
+// files are on the guest's tmpfs, a live interpreter is a guest process),
+// then killed and its uid released, so that a suspended session holds no
+// process and no host memory. A resume (or each of many forks of one
+// state) is a new QEMU, as a uid of its own, restored from that file (read
+// only, as a descriptor) and refreshed: the agent sets the guest's clock and
+// reseeds the kernel's random generator before anything else. Only the
+// machine that saved a state restores it (the template's key: QEMU, its
+// command line, the kernel, the agent, the disk, memory and vCPUs); another
+// is refused with moat.ErrInvalid. What a live interpreter holds stays as
+// saved, in every fork alike: Python's string hash seed, which cannot
+// change under a running interpreter, and the random module's state
+// (os.urandom and secrets read the kernel's, reseeded). A session with a
+// network is refused (moat.ErrInvalid) for now.
 package microvm
 
 import (

@@ -90,20 +90,29 @@ func (ss *vmSession) open(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	timeout := time.NewTimer(time.Duration(b.cfg.BootTimeout))
-	defer timeout.Stop()
-	select {
-	case <-ss.idle:
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-ss.c.done:
-		return fmt.Errorf("microvm: session: the VM ended before its agent was ready (%v)", ss.c.ended())
-	case <-timeout.C:
-		return fmt.Errorf("microvm: session: the agent did not take the session within %v", b.cfg.BootTimeout)
+	if err := ss.awaitIdle(ctx, "session"); err != nil {
+		return err
 	}
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	return ss.pauseLocked()
+}
+
+// awaitIdle waits, at most the boot timeout, for the agent's Idle that
+// answers the Session (or, for a resume, the Refresh) just sent.
+func (ss *vmSession) awaitIdle(ctx context.Context, what string) error {
+	timeout := time.NewTimer(time.Duration(ss.b.cfg.BootTimeout))
+	defer timeout.Stop()
+	select {
+	case <-ss.idle:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-ss.c.done:
+		return fmt.Errorf("microvm: %s: the VM ended before its agent was ready (%v)", what, ss.c.ended())
+	case <-timeout.C:
+		return fmt.Errorf("microvm: %s: the agent did not answer within %v", what, ss.b.cfg.BootTimeout)
+	}
 }
 
 // onIdle is the agent's Idle: the VM may pause once nothing needs it.

@@ -32,7 +32,11 @@
 // python3 and says Idle, and the host pauses the VM until the next run. It
 // also carries out the session's file operations inside the guest, on names
 // resolved beneath the working directory without following any symbolic
-// link (openat2 with RESOLVE_BENEATH and RESOLVE_NO_SYMLINKS).
+// link (openat2 with RESOLVE_BENEATH and RESOLVE_NO_SYMLINKS). A session
+// the host suspended (its VM saved whole) comes back as a restore of that
+// state, its agent where it was, in the session's loop: the host's first
+// frame is then Refresh, for which it sets the clock and reseeds the
+// kernel's random generator, as for a Run.
 package main
 
 import (
@@ -645,6 +649,18 @@ func (a *agent) session(s *wire.Session) error {
 			if cur != nil {
 				cur.kill()
 			}
+		case wire.KindRefresh:
+			// The VM is a restore of the session's own saved state.
+			var r wire.Refresh
+			if err := json.Unmarshal(p, &r); err != nil {
+				return fmt.Errorf("session: refresh: %w", err)
+			}
+			if err := refresh(r.UnixNano, r.Seed); err != nil {
+				return err
+			}
+			if err := a.send(wire.KindIdle, nil); err != nil {
+				return err
+			}
 		case wire.KindFile:
 			var op wire.File
 			if err := json.Unmarshal(p, &op); err != nil {
@@ -658,7 +674,7 @@ func (a *agent) session(s *wire.Session) error {
 			}
 			a.files.data(id, b)
 		default:
-			return fmt.Errorf("session: want a run, kill or file frame, got %s", k)
+			return fmt.Errorf("session: want a run, kill, refresh or file frame, got %s", k)
 		}
 	}
 }

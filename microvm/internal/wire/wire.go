@@ -19,9 +19,12 @@
 // python3 ready (the host pauses the VM then), and file operations (File,
 // with Data frames for a write's contents) answered by FileReply (with Data
 // frames for a read's). Kill asks the agent to end the run in progress.
+// Refresh (the time and fresh randomness, as in Session) comes first to a
+// session's VM restored from its own saved state (a suspended session, or
+// one of its forks), and the agent answers it with Idle.
 //
 // The payloads of Hello, Run, Session, Exit, File and FileReply are JSON;
-// Stdout and Stderr are raw bytes; Data is an 8-byte big-endian operation
+// Refresh is JSON too; Stdout and Stderr are raw bytes; Data is an 8-byte big-endian operation
 // id and raw bytes; Fail is text; Started, Kill and Idle are empty.
 package wire
 
@@ -51,6 +54,7 @@ const (
 	KindFile    Kind = 'Q'
 	KindReply   Kind = 'A'
 	KindData    Kind = 'D'
+	KindRefresh Kind = 'T'
 )
 
 func (k Kind) String() string {
@@ -81,6 +85,8 @@ func (k Kind) String() string {
 		return "reply"
 	case KindData:
 		return "data"
+	case KindRefresh:
+		return "refresh"
 	}
 	return fmt.Sprintf("kind(%#x)", byte(k))
 }
@@ -209,6 +215,15 @@ type Session struct {
 	Interpreter bool `json:"interpreter,omitempty"`
 	// Egress, for a VM with a network, is every run's.
 	Egress *Egress `json:"egress,omitempty"`
+}
+
+// Refresh sets the guest's clock and reseeds its random generator, in a
+// session's VM restored from that session's saved state: the state holds
+// the time and the random state of the moment it was saved, the same in
+// every VM restored from it.
+type Refresh struct {
+	UnixNano int64  `json:"unix_nano"`
+	Seed     []byte `json:"seed"`
 }
 
 // Exit is the evidence of how a run ended, as the agent saw it from outside
