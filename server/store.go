@@ -30,6 +30,22 @@ type record struct {
 	Backend string `json:"backend,omitempty"`
 	// PID is the server process that made it.
 	PID int `json:"pid"`
+
+	// State is stateRunning, stateSuspended or stateBroken; empty (the
+	// records of older servers) is running.
+	State string `json:"state,omitempty"`
+	// StateDir holds the suspended state (a suspended or broken session):
+	// always <state_dir>/suspended/<id>, which recover checks rather than
+	// trusting this field.
+	StateDir string `json:"state_dir,omitempty"`
+	// Suspend is what the last suspend kept; nil if the session was never
+	// suspended.
+	Suspend     *moat.SuspendInfo `json:"suspend,omitempty"`
+	SuspendedAt time.Time         `json:"suspended_at,omitzero"`
+	// Broken says why the suspended state was refused on resume.
+	Broken string `json:"broken,omitempty"`
+	// FromSnapshot is the snapshot the session was started from.
+	FromSnapshot string `json:"from_snapshot,omitempty"`
 }
 
 var sessionsBucket = []byte("sessions")
