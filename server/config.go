@@ -156,6 +156,10 @@ type Config struct {
 	// under StateDir/suspended until its time to live ends; its next use
 	// resumes it, after a restart too). Zero means OnIdleEnd.
 	OnIdle string `json:"on_idle,omitempty"`
+	// MaxSnapshotBytesPerToken caps the disk the snapshots of one token
+	// hold (their SuspendInfo.Bytes): a snapshot that would pass it is
+	// refused with 507. Zero means 1GiB.
+	MaxSnapshotBytesPerToken moat.Bytes `json:"max_snapshot_bytes_per_token,omitempty"`
 
 	// Logger gets one line per run and per session event. Nil means
 	// discard.
@@ -249,6 +253,9 @@ func (c Config) withDefaults() Config {
 	if c.OnIdle == "" {
 		c.OnIdle = OnIdleEnd
 	}
+	if c.MaxSnapshotBytesPerToken == 0 {
+		c.MaxSnapshotBytesPerToken = moat.GiB
+	}
 	return c
 }
 
@@ -318,7 +325,7 @@ func (c Config) Validate() error {
 		c.MaxConcurrentRuns < 0 || c.QueueLength < 0 || c.QueueWait < 0 || c.SessionTTL < 0 ||
 		c.MaxSessionTTL < 0 || c.IdleTimeout < 0 || c.SweepInterval < 0 ||
 		c.MaxRunsPerToken < 0 || c.QueuePerToken < 0 || c.StreamBuffer < 0 || c.ReadHeaderTimeout < 0 ||
-		c.ReadTimeout < 0 || c.WriteTimeout < 0 || c.ConnIdleTimeout < 0 || c.MaxConnections < 0 {
+		c.ReadTimeout < 0 || c.WriteTimeout < 0 || c.ConnIdleTimeout < 0 || c.MaxConnections < 0 || c.MaxSnapshotBytesPerToken < 0 {
 		errs = append(errs, errors.New("caps and durations must not be negative"))
 	}
 	if c.OnIdle != "" && c.OnIdle != OnIdleEnd && c.OnIdle != OnIdleSuspend {

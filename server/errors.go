@@ -32,6 +32,7 @@ var (
 	errSessionBusy   = errors.New("server: session busy")
 	errSessionBroken = errors.New("server: session broken")
 	errNoSuspend     = errors.New("server: this level does not suspend sessions")
+	errSnapshotQuota = errors.New("server: the token's snapshots are over their disk quota")
 	// errProfileForbidden is both a profile the token may not use and
 	// one that does not exist: the answer does not tell which, so that a
 	// token cannot learn the names of profiles granted to others.
@@ -59,6 +60,7 @@ var errorTable = []struct {
 	{errSessionBusy, http.StatusConflict, "session_busy"},
 	{moat.ErrInvalid, http.StatusBadRequest, "invalid"},
 	{errTooMany, http.StatusTooManyRequests, "too_many_sessions"},
+	{errSnapshotQuota, http.StatusInsufficientStorage, "snapshot_quota"},
 	{errTokenBusy, http.StatusTooManyRequests, "token_busy"},
 	{errBusy, http.StatusTooManyRequests, "busy"},
 	{errQueueTimeout, http.StatusServiceUnavailable, "queue_timeout"},

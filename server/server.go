@@ -65,6 +65,11 @@ type Server struct {
 	base       context.Context
 	cancelBase context.CancelFunc
 
+	// snapMu guards snapshots; a fork holds it for reading while it
+	// reads a snapshot's state, a DELETE for writing.
+	snapMu    sync.RWMutex
+	snapshots map[string]snapshotRecord
+
 	mu       sync.Mutex
 	sessions map[string]*session
 	closing  bool
@@ -98,6 +103,7 @@ func New(cfg Config) (*Server, error) {
 		store:     st,
 		metrics:   newMetrics(cfg.Registry),
 		sessions:  map[string]*session{},
+		snapshots: map[string]snapshotRecord{},
 		sweepDone: make(chan struct{}),
 		stopSweep: make(chan struct{}),
 	}
@@ -124,6 +130,10 @@ func New(cfg Config) (*Server, error) {
 		s.metrics.profileSessions.WithLabelValues(p).Set(0)
 	}
 	if err := s.recover(); err != nil {
+		st.close()
+		return nil, err
+	}
+	if err := s.recoverSnapshots(); err != nil {
 		st.close()
 		return nil, err
 	}
@@ -287,6 +297,9 @@ func (s *Server) routeTable() []route {
 		{"POST", "/v1/sessions/{id}/runs", false, s.handleSessionRun},
 		{"POST", "/v1/sessions/{id}/suspend", false, s.handleSuspend},
 		{"POST", "/v1/sessions/{id}/resume", false, s.handleResume},
+		{"POST", "/v1/sessions/{id}/snapshots", false, s.handleSnapshot},
+		{"GET", "/v1/snapshots", false, s.handleListSnapshots},
+		{"DELETE", "/v1/snapshots/{id}", false, s.handleDeleteSnapshot},
 		{"GET", "/v1/sessions/{id}/files", false, s.handleListFiles},
 		{"PUT", "/v1/sessions/{id}/files/{path...}", false, s.handlePutFile},
 		{"GET", "/v1/sessions/{id}/files/{path...}", false, s.handleGetFile},

@@ -132,6 +132,10 @@ type createRequest struct {
 	TTL         *moat.Duration `json:"ttl,omitempty"`
 	IdleTimeout *moat.Duration `json:"idle_timeout,omitempty"`
 	Interpreter bool           `json:"interpreter,omitempty"`
+	// FromSnapshot starts the session from a snapshot of the token's (a
+	// fork): its level, network profile and interpreter are the
+	// snapshot's, which level and network may only repeat.
+	FromSnapshot string `json:"from_snapshot,omitempty"`
 }
 
 func (s *Server) handleCreateSession(w http.ResponseWriter, r *http.Request, owner string) error {
@@ -140,6 +144,19 @@ func (s *Server) handleCreateSession(w http.ResponseWriter, r *http.Request, own
 		if err := s.decode(w, r, &req); err != nil {
 			return err
 		}
+	}
+	var snap snapshotRecord
+	if req.FromSnapshot != "" {
+		s.snapMu.RLock()
+		snap = s.snapshots[req.FromSnapshot]
+		s.snapMu.RUnlock()
+		if snap.Owner != owner {
+			return fmt.Errorf("snapshot %q: %w", req.FromSnapshot, errNotFound)
+		}
+		if (req.Level != "" && req.Level != snap.Level) || (req.Network != "" && string(req.Network) != snap.Network) {
+			return fmt.Errorf("snapshot %s is of level %s and network profile %q: a session started from it keeps them: %w", snap.ID, snap.Level, snap.Network, moat.ErrInvalid)
+		}
+		req.Level, req.Network, req.Interpreter = snap.Level, profileRef(snap.Network), snap.Interpreter
 	}
 	level, sb, err := s.sandbox(owner, req.Level, req.Network)
 	if err != nil {
@@ -194,7 +211,16 @@ func (s *Server) handleCreateSession(w http.ResponseWriter, r *http.Request, own
 		return err
 	}
 
-	sess, err := sr.NewSession(r.Context(), moat.SessionOptions{Interpreter: req.Interpreter})
+	var sess moat.Session
+	var forked *moat.SuspendInfo
+	var forkedAt time.Time
+	if req.FromSnapshot != "" {
+		var info moat.SuspendInfo
+		sess, info, snap, err = s.fork(r.Context(), owner, req.FromSnapshot)
+		forked, forkedAt = &info, snap.CreatedAt
+	} else {
+		sess, err = sr.NewSession(r.Context(), moat.SessionOptions{Interpreter: req.Interpreter})
+	}
 	if err != nil {
 		return fail(err)
 	}
@@ -203,7 +229,7 @@ func (s *Server) handleCreateSession(w http.ResponseWriter, r *http.Request, own
 		rec: record{
 			ID: id, Owner: owner, Level: level, Network: string(req.Network), Interpreter: req.Interpreter,
 			CreatedAt: now, ExpiresAt: now.Add(time.Duration(ttl)), IdleTimeout: idle, PID: os.Getpid(),
-			State: stateRunning,
+			State: stateRunning, FromSnapshot: req.FromSnapshot, Suspend: forked, SuspendedAt: forkedAt,
 		},
 		sess:       sess,
 		lastActive: now,

@@ -66,7 +66,10 @@ func openStore(dir string) (*store, error) {
 		return nil, fmt.Errorf("server: open %s (is another moat serve using this state dir?): %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		_, err := tx.CreateBucketIfNotExists(sessionsBucket)
+		if _, err := tx.CreateBucketIfNotExists(sessionsBucket); err != nil {
+			return err
+		}
+		_, err := tx.CreateBucketIfNotExists(snapshotsBucket)
 		return err
 	})
 	if err != nil {
@@ -103,6 +106,30 @@ func (st *store) all() ([]record, error) {
 			}
 			r.ID = string(k)
 			out = append(out, r)
+			return nil
+		})
+	})
+	return out, err
+}
+
+func (st *store) putIn(bucket []byte, key string, data []byte) error {
+	return st.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucket).Put([]byte(key), data)
+	})
+}
+
+func (st *store) deleteIn(bucket []byte, key string) error {
+	return st.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucket).Delete([]byte(key))
+	})
+}
+
+// allIn returns every value of bucket by key.
+func (st *store) allIn(bucket []byte) (map[string][]byte, error) {
+	out := map[string][]byte{}
+	err := st.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucket).ForEach(func(k, v []byte) error {
+			out[string(k)] = append([]byte{}, v...)
 			return nil
 		})
 	})

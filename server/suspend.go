@@ -90,45 +90,11 @@ func (s *Server) removeState(id string) error {
 // suspended session does nothing. cause is for the logs and metrics (api,
 // idle, shutdown).
 func (s *Server) suspend(ctx context.Context, ss *session, cause string, idleFor time.Duration) error {
-	ss.mu.Lock()
-	for {
-		if ss.ended {
-			ss.mu.Unlock()
-			return fmt.Errorf("session %s: %w", ss.rec.ID, errSessionClosed)
-		}
-		if idleFor > 0 && (ss.moving || ss.busy > 0 || ss.rec.state() != stateRunning || time.Since(ss.lastActive) < idleFor) {
-			ss.mu.Unlock()
-			return errNotIdle
-		}
-		if !ss.moving && ss.busy == 0 {
-			break
-		}
-		if err := ss.wait(ctx); err != nil {
-			ss.mu.Unlock()
-			return fmt.Errorf("session %s: still in use when the wait ended (%v): %w", ss.rec.ID, err, errSessionBusy)
-		}
+	sp, err := s.acquire(ctx, ss, idleFor)
+	if err != nil || sp == nil {
+		return err
 	}
-	switch ss.rec.state() {
-	case stateSuspended:
-		ss.mu.Unlock()
-		return nil
-	case stateBroken:
-		ss.mu.Unlock()
-		return fmt.Errorf("session %s: %s: %w", ss.rec.ID, ss.rec.Broken, errSessionBroken)
-	}
-	sp, ok := ss.sess.(moat.Suspender)
-	if !ok {
-		ss.mu.Unlock()
-		return fmt.Errorf("level %s: %w", ss.rec.Level, errNoSuspend)
-	}
-	ss.moving = true
-	ss.mu.Unlock()
-	defer func() {
-		ss.mu.Lock()
-		ss.moving = false
-		ss.signal()
-		ss.mu.Unlock()
-	}()
+	defer s.release(ss)
 	id := ss.rec.ID
 	// A running session has no state on disk: anything under its name is
 	// what a failed removal left.
@@ -168,6 +134,51 @@ func (s *Server) suspend(ctx context.Context, ss *session, cause string, idleFor
 	return nil
 }
 
+// acquire waits until nothing uses ss, bounded by ctx (then
+// errSessionBusy), and sets ss.moving, which release clears: no use and no
+// other suspend starts meanwhile. With idleFor above zero it does not wait:
+// a session in use, or used within idleFor, is errNotIdle. It returns the
+// running session's Suspender, or nil (and ss.moving unset) when ss is
+// suspended already.
+func (s *Server) acquire(ctx context.Context, ss *session, idleFor time.Duration) (moat.Suspender, error) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	for {
+		if ss.ended {
+			return nil, fmt.Errorf("session %s: %w", ss.rec.ID, errSessionClosed)
+		}
+		if idleFor > 0 && (ss.moving || ss.busy > 0 || ss.rec.state() != stateRunning || time.Since(ss.lastActive) < idleFor) {
+			return nil, errNotIdle
+		}
+		if !ss.moving && ss.busy == 0 {
+			break
+		}
+		if err := ss.wait(ctx); err != nil {
+			return nil, fmt.Errorf("session %s: still in use when the wait ended (%v): %w", ss.rec.ID, err, errSessionBusy)
+		}
+	}
+	switch ss.rec.state() {
+	case stateSuspended:
+		return nil, nil
+	case stateBroken:
+		return nil, fmt.Errorf("session %s: %s: %w", ss.rec.ID, ss.rec.Broken, errSessionBroken)
+	}
+	sp, ok := ss.sess.(moat.Suspender)
+	if !ok {
+		return nil, fmt.Errorf("level %s: %w", ss.rec.Level, errNoSuspend)
+	}
+	ss.moving = true
+	return sp, nil
+}
+
+// release ends what acquire began.
+func (s *Server) release(ss *session) {
+	ss.mu.Lock()
+	ss.moving = false
+	ss.signal()
+	ss.mu.Unlock()
+}
+
 // resume brings suspended ss back from its state directory, which is then
 // removed: the session has moved on from it. A state the level refuses
 // (moat.ErrInvalid: damaged, truncated, missing, of another level) makes
@@ -175,6 +186,12 @@ func (s *Server) suspend(ctx context.Context, ss *session, cause string, idleFor
 // unavailable, ctx ended) leaves it suspended. The caller has set
 // ss.moving. notes say what was resumed, and what was not kept.
 func (s *Server) resume(ctx context.Context, ss *session) (notes []string, err error) {
+	return s.resumeFrom(ctx, ss, s.statePath(ss.rec.ID))
+}
+
+// resumeFrom is resume from the state in dir, which is removed afterwards
+// only if it is ss's own.
+func (s *Server) resumeFrom(ctx context.Context, ss *session, dir string) (notes []string, err error) {
 	ss.mu.Lock()
 	rec := ss.rec
 	ss.mu.Unlock()
@@ -189,7 +206,7 @@ func (s *Server) resume(ctx context.Context, ss *session) (notes []string, err e
 		return nil, fmt.Errorf("session %s: level %s: %w", rec.ID, rec.Level, errNoSuspend)
 	}
 	start := time.Now()
-	sess, info, err := rs.ResumeSession(ctx, s.statePath(rec.ID))
+	sess, info, err := rs.ResumeSession(ctx, dir)
 	if err != nil {
 		if errors.Is(err, moat.ErrInvalid) {
 			s.breakSession(ss, err)
@@ -198,8 +215,10 @@ func (s *Server) resume(ctx context.Context, ss *session) (notes []string, err e
 		s.metrics.resumes.WithLabelValues("error").Inc()
 		return nil, fmt.Errorf("session %s: resume: %w", rec.ID, err)
 	}
-	if err := s.removeState(rec.ID); err != nil {
-		s.log.Warn("server: removing a resumed session's state", "session", rec.ID, "err", err)
+	if dir == s.statePath(rec.ID) {
+		if err := s.removeState(rec.ID); err != nil {
+			s.log.Warn("server: removing a resumed session's state", "session", rec.ID, "err", err)
+		}
 	}
 	ss.mu.Lock()
 	if ss.ended { // deleted meanwhile

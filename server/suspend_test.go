@@ -340,3 +340,80 @@ func TestResumeDamagedIsBroken(t *testing.T) {
 		t.Errorf("a deleted broken session's state is left: %v", err)
 	}
 }
+
+// TestSnapshotForks: a snapshot of a running session (which goes on) and
+// one of a suspended session each start sessions with the files of the
+// moment it was taken; forks of one snapshot do not see each other's
+// writes, nor their parent's; the snapshots are the token's, listed,
+// deleted, and held to its quota.
+func TestSnapshotForks(t *testing.T) {
+	ts := startServer(t, moat.Limits{}, func(c *server.Config) { c.MaxSnapshotBytesPerToken = 64 * moat.KiB })
+	id := must(t, call(t, "POST", ts.URL+"/v1/sessions", tokenA, nil), 201).JSON(t)["id"].(string)
+	base := ts.URL + "/v1/sessions/" + id
+	must(t, call(t, "PUT", base+"/files/f.txt", tokenA, []byte("at the snapshot")), 201)
+	snap := must(t, call(t, "POST", base+"/snapshots", tokenA, map[string]any{"name": "one"}), 201).JSON(t)
+	if snap["bytes"].(float64) <= 0 || snap["session"] != id {
+		t.Errorf("snapshot: %v", snap)
+	}
+	if v := must(t, call(t, "GET", base, tokenA, nil), 200).JSON(t); v["state"] != "running" {
+		t.Errorf("the session after its snapshot: %v", v)
+	}
+	must(t, call(t, "PUT", base+"/files/f.txt", tokenA, []byte("parent after")), 201)
+
+	var forks []string
+	for i := range 2 {
+		r := must(t, call(t, "POST", ts.URL+"/v1/sessions", tokenA, map[string]any{"from_snapshot": snap["id"]}), 201).JSON(t)
+		if r["from_snapshot"] != snap["id"] || r["state"] != "running" {
+			t.Errorf("fork %d: %v", i, r)
+		}
+		forks = append(forks, r["id"].(string))
+	}
+	must(t, call(t, "PUT", ts.URL+"/v1/sessions/"+forks[0]+"/files/f.txt", tokenA, []byte("fork 0 wrote")), 201)
+	for i, want := range []string{"fork 0 wrote", "at the snapshot"} {
+		if f := must(t, call(t, "GET", ts.URL+"/v1/sessions/"+forks[i]+"/files/f.txt", tokenA, nil), 200); string(f.Body) != want {
+			t.Errorf("fork %d reads %q, want %q", i, f.Body, want)
+		}
+	}
+	if f := must(t, call(t, "GET", base+"/files/f.txt", tokenA, nil), 200); string(f.Body) != "parent after" {
+		t.Errorf("the parent reads %q", f.Body)
+	}
+
+	// A snapshot of a suspended session copies its state.
+	must(t, call(t, "POST", base+"/suspend", tokenA, nil), 200)
+	two := must(t, call(t, "POST", base+"/snapshots", tokenA, map[string]any{"name": "two"}), 201).JSON(t)
+	fork := must(t, call(t, "POST", ts.URL+"/v1/sessions", tokenA, map[string]any{"from_snapshot": two["id"]}), 201).JSON(t)["id"].(string)
+	if f := must(t, call(t, "GET", ts.URL+"/v1/sessions/"+fork+"/files/f.txt", tokenA, nil), 200); string(f.Body) != "parent after" {
+		t.Errorf("a fork of the suspended session reads %q", f.Body)
+	}
+	if v := must(t, call(t, "GET", base, tokenA, nil), 200).JSON(t); v["state"] != "suspended" {
+		t.Errorf("a suspended session after its snapshot: %v", v)
+	}
+
+	// Another token sees none of it.
+	if l := must(t, call(t, "GET", ts.URL+"/v1/snapshots", tokenB, nil), 200).JSON(t); len(l["snapshots"].([]any)) != 0 {
+		t.Errorf("token b's snapshots: %v", l)
+	}
+	must(t, call(t, "POST", ts.URL+"/v1/sessions", tokenB, map[string]any{"from_snapshot": snap["id"]}), 404)
+	must(t, call(t, "DELETE", ts.URL+"/v1/snapshots/"+snap["id"].(string), tokenB, nil), 404)
+	l := must(t, call(t, "GET", ts.URL+"/v1/snapshots", tokenA, nil), 200).JSON(t)
+	if len(l["snapshots"].([]any)) != 2 || l["bytes"].(float64) != snap["bytes"].(float64)+two["bytes"].(float64) {
+		t.Errorf("token a's snapshots: %v", l)
+	}
+
+	// The quota: a snapshot that would pass it is refused, and nothing of
+	// it is left.
+	big := make([]byte, 64*1024)
+	must(t, call(t, "PUT", base+"/files/big.bin", tokenA, big), 201)
+	if r := call(t, "POST", base+"/snapshots", tokenA, map[string]any{"name": "big"}); r.Status != 507 || r.ErrorCode(t) != "snapshot_quota" {
+		t.Errorf("a snapshot over the quota: %d %s", r.Status, r.Body)
+	}
+	entries, _ := os.ReadDir(filepath.Join(ts.cfg.StateDir, "snapshots"))
+	if len(entries) != 2 {
+		t.Errorf("snapshot directories: %d, want 2", len(entries))
+	}
+	must(t, call(t, "DELETE", ts.URL+"/v1/snapshots/"+snap["id"].(string), tokenA, nil), 204)
+	must(t, call(t, "POST", ts.URL+"/v1/sessions", tokenA, map[string]any{"from_snapshot": snap["id"]}), 404)
+	if _, err := os.Stat(filepath.Join(ts.cfg.StateDir, "snapshots", snap["id"].(string))); !os.IsNotExist(err) {
+		t.Errorf("a deleted snapshot's state: %v", err)
+	}
+}
