@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"encoding/json"
 	"net"
 	"net/http"
 	"os"
@@ -12,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/server"
@@ -168,9 +171,10 @@ func TestSuspendOnIdle(t *testing.T) {
 	eventually(t, 10*time.Second, "the idle session is suspended", func() bool {
 		return must(t, call(t, "GET", base, tokenA, nil), 200).JSON(t)["state"] == "suspended"
 	})
-	if v := metric(t, ts, `moat_session_suspends_total{cause="idle",result="ok"}`); v != 1 {
-		t.Errorf("idle suspends: %v", v)
-	}
+	// The count follows the state by a moment.
+	eventually(t, 5*time.Second, "one idle suspend counted", func() bool {
+		return metric(t, ts, `moat_session_suspends_total{cause="idle",result="ok"}`) == 1
+	})
 	got := must(t, call(t, "POST", base+"/runs", tokenA, map[string]any{"code": "print(open('kept.txt').read())"}), 200).JSON(t)
 	if got["stdout"] != "kept\n" {
 		t.Errorf("after the idle suspend: %v", got)
@@ -415,5 +419,72 @@ func TestSnapshotForks(t *testing.T) {
 	must(t, call(t, "POST", ts.URL+"/v1/sessions", tokenA, map[string]any{"from_snapshot": snap["id"]}), 404)
 	if _, err := os.Stat(filepath.Join(ts.cfg.StateDir, "snapshots", snap["id"].(string))); !os.IsNotExist(err) {
 		t.Errorf("a deleted snapshot's state: %v", err)
+	}
+}
+
+// TestSuspendedExpires: a suspended session's time to live runs on; once
+// past, the sweep ends it and removes its state.
+func TestSuspendedExpires(t *testing.T) {
+	ts := startServer(t, moat.Limits{}, nil)
+	id := must(t, call(t, "POST", ts.URL+"/v1/sessions", tokenA, map[string]any{"ttl": "1s"}), 201).JSON(t)["id"].(string)
+	must(t, call(t, "POST", ts.URL+"/v1/sessions/"+id+"/suspend", tokenA, nil), 200)
+	dir := filepath.Join(ts.cfg.StateDir, "suspended", id)
+	if _, err := os.Stat(dir); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the expired suspended session is ended", func() bool {
+		return call(t, "GET", ts.URL+"/v1/sessions/"+id, tokenA, nil).Status == 404
+	})
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("an expired session's state is left: %v", err)
+	}
+}
+
+// TestResumeRecordedRunning: a server that stopped after a suspend had
+// put its state in place but before its record said so leaves a record
+// that says running; the next server keeps it as suspended.
+func TestResumeRecordedRunning(t *testing.T) {
+	requireRoot(t)
+	sb, err := subprocess.New(subprocess.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sb.Close() })
+	state := t.TempDir()
+	cfg := server.Config{
+		Sandboxes: map[moat.Level]moat.Sandbox{moat.LevelSubprocess: sb},
+		Tokens:    []server.Token{{Name: "a", Token: tokenA}},
+		StateDir:  state,
+	}
+	url, stop := serveOn(t, cfg)
+	id := must(t, call(t, "POST", url+"/v1/sessions", tokenA, nil), 201).JSON(t)["id"].(string)
+	must(t, call(t, "PUT", url+"/v1/sessions/"+id+"/files/f.txt", tokenA, []byte("saved")), 201)
+	must(t, call(t, "POST", url+"/v1/sessions/"+id+"/suspend", tokenA, nil), 200)
+	stop()
+	db, err := bolt.Open(filepath.Join(state, "server.db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte("sessions"))
+		var rec map[string]any
+		if err := json.Unmarshal(b.Get([]byte(id)), &rec); err != nil {
+			return err
+		}
+		rec["state"] = "running"
+		delete(rec, "state_dir")
+		data, _ := json.Marshal(rec)
+		return b.Put([]byte(id), data)
+	})
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	url, _ = serveOn(t, cfg)
+	if v := must(t, call(t, "GET", url+"/v1/sessions/"+id, tokenA, nil), 200).JSON(t); v["state"] != "suspended" {
+		t.Errorf("after the restart: %v", v)
+	}
+	if f := must(t, call(t, "GET", url+"/v1/sessions/"+id+"/files/f.txt", tokenA, nil), 200); string(f.Body) != "saved" {
+		t.Errorf("after the restart: %q", f.Body)
 	}
 }
