@@ -126,7 +126,11 @@ func (s *Server) handleSnapshot(w http.ResponseWriter, r *http.Request, owner st
 			info = *ss.rec.Suspend
 		}
 		ss.mu.Unlock()
-		err = copyState(s.statePath(ss.rec.ID), dir)
+		var n int64
+		n, err = copyState(s.statePath(ss.rec.ID), dir)
+		// A state recovered without its record's SuspendInfo counts
+		// for what it holds.
+		info.Bytes = max(info.Bytes, n)
 	} else {
 		info, err = s.snapshotRunning(r.Context(), ss, sp, dir)
 		s.release(ss)
@@ -137,7 +141,12 @@ func (s *Server) handleSnapshot(w http.ResponseWriter, r *http.Request, owner st
 	rec := snapshotRecord{ID: id, Name: req.Name, Owner: owner, Level: ss.rec.Level, Network: ss.rec.Network,
 		Session: ss.rec.ID, CreatedAt: time.Now().UTC(), Info: info, Interpreter: info.Interpreter}
 	s.snapMu.Lock()
-	_, used = s.snapshotUse(owner)
+	mine, used = s.snapshotUse(owner)
+	if slices.ContainsFunc(mine, func(x snapshotRecord) bool { return x.Name == req.Name }) {
+		s.snapMu.Unlock()
+		os.RemoveAll(dir)
+		return fmt.Errorf("a snapshot named %q exists already: %w", req.Name, moat.ErrInvalid)
+	}
 	if max := int64(s.cfg.MaxSnapshotBytesPerToken); used+info.Bytes > max {
 		s.snapMu.Unlock()
 		os.RemoveAll(dir)
@@ -174,7 +183,7 @@ func (s *Server) snapshotRunning(ctx context.Context, ss *session, sp moat.Suspe
 		s.log.Warn("server: a session could not be resumed from its snapshot", "session", ss.rec.ID, "err", err)
 		if !errors.Is(err, errSessionBroken) {
 			// It stays suspended, with the snapshot's state as its own.
-			if err := copyState(dir, s.statePath(ss.rec.ID)); err != nil {
+			if _, err := copyState(dir, s.statePath(ss.rec.ID)); err != nil {
 				s.endSession(ss, "suspend_failed")
 			} else {
 				ss.mu.Lock()
@@ -190,9 +199,9 @@ func (s *Server) snapshotRunning(ctx context.Context, ss *session, sp moat.Suspe
 // copyState copies a suspended state src (directories and regular files
 // only, as a suspend writes them) to dst, under a temporary name next to it
 // that is renamed into place once whole.
-func copyState(src, dst string) error {
+func copyState(src, dst string) (bytes int64, err error) {
 	tmp := filepath.Join(filepath.Dir(dst), "."+filepath.Base(dst)+".partial-"+rand.Text())
-	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+	err = filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -211,7 +220,9 @@ func copyState(src, dst string) error {
 			if err != nil {
 				return err
 			}
-			if _, err := io.Copy(out, in); err != nil {
+			n, err := io.Copy(out, in)
+			bytes += n
+			if err != nil {
 				out.Close()
 				return err
 			}
@@ -228,9 +239,9 @@ func copyState(src, dst string) error {
 	}
 	if err != nil {
 		os.RemoveAll(tmp)
-		return fmt.Errorf("server: copy a suspended state: %w", err)
+		return 0, fmt.Errorf("server: copy a suspended state: %w", err)
 	}
-	return nil
+	return bytes, nil
 }
 
 // fork starts a session of owner from snapshot id: a new session, with

@@ -110,7 +110,7 @@ class Client:
         with the snapshot's level and interpreter."""
         body = {"interpreter": bool(interpreter)}
         if from_snapshot:
-            body = {"from_snapshot": from_snapshot}
+            body = {"from_snapshot": from_snapshot}  # the snapshot's interpreter
         if level:
             body["level"] = level
         if ttl:
