@@ -19,6 +19,12 @@ import (
 	"github.com/moatsandbox/moat"
 )
 
+// The values of Config.OnIdle.
+const (
+	OnIdleEnd     = "end"
+	OnIdleSuspend = "suspend"
+)
+
 // Token is one bearer token the operator gives out. Name identifies its
 // holder in logs, metrics and session ownership; it is never secret.
 type Token struct {
@@ -61,7 +67,8 @@ type Config struct {
 	Tokens []Token `json:"tokens"`
 	// Addr is where ListenAndServe listens. Zero means 127.0.0.1:8080.
 	Addr string `json:"addr,omitempty"`
-	// StateDir holds the session database. Zero means /var/lib/moat when
+	// StateDir holds the session database and, in StateDir/suspended
+	// (mode 0700), the suspended sessions' states. Zero means /var/lib/moat when
 	// root, else $XDG_STATE_HOME/moat or ~/.local/state/moat.
 	StateDir string `json:"state_dir,omitempty"`
 	// Registry is the Prometheus registry the server's collectors join and
@@ -136,12 +143,23 @@ type Config struct {
 	// MaxSessionTTL caps the time to live a request may ask for. Zero
 	// means 8h.
 	MaxSessionTTL moat.Duration `json:"max_session_ttl,omitempty"`
-	// IdleTimeout ends a session with no run and no file operation for
-	// that long, when the request names none. Zero means 10m.
+	// IdleTimeout ends (or, see OnIdle, suspends) a session with no run
+	// and no file operation for that long, when the request names none.
+	// Zero means 10m.
 	IdleTimeout moat.Duration `json:"idle_timeout,omitempty"`
 	// SweepInterval is how often expired and idle sessions are looked
 	// for. Zero means 1s.
 	SweepInterval moat.Duration `json:"sweep_interval,omitempty"`
+	// OnIdle is what happens to a session idle past its idle timeout,
+	// and to every running session at Shutdown: OnIdleEnd ends it (its
+	// files are gone), OnIdleSuspend suspends it (its state kept on disk
+	// under StateDir/suspended until its time to live ends; its next use
+	// resumes it, after a restart too). Zero means OnIdleEnd.
+	OnIdle string `json:"on_idle,omitempty"`
+	// MaxSnapshotBytesPerToken caps the disk the snapshots of one token
+	// hold (their SuspendInfo.Bytes): a snapshot that would pass it is
+	// refused with 507. Zero means 1GiB.
+	MaxSnapshotBytesPerToken moat.Bytes `json:"max_snapshot_bytes_per_token,omitempty"`
 
 	// Logger gets one line per run and per session event. Nil means
 	// discard.
@@ -232,6 +250,12 @@ func (c Config) withDefaults() Config {
 	if c.SweepInterval == 0 {
 		c.SweepInterval = moat.Duration(time.Second)
 	}
+	if c.OnIdle == "" {
+		c.OnIdle = OnIdleEnd
+	}
+	if c.MaxSnapshotBytesPerToken == 0 {
+		c.MaxSnapshotBytesPerToken = moat.GiB
+	}
 	return c
 }
 
@@ -301,8 +325,11 @@ func (c Config) Validate() error {
 		c.MaxConcurrentRuns < 0 || c.QueueLength < 0 || c.QueueWait < 0 || c.SessionTTL < 0 ||
 		c.MaxSessionTTL < 0 || c.IdleTimeout < 0 || c.SweepInterval < 0 ||
 		c.MaxRunsPerToken < 0 || c.QueuePerToken < 0 || c.StreamBuffer < 0 || c.ReadHeaderTimeout < 0 ||
-		c.ReadTimeout < 0 || c.WriteTimeout < 0 || c.ConnIdleTimeout < 0 || c.MaxConnections < 0 {
+		c.ReadTimeout < 0 || c.WriteTimeout < 0 || c.ConnIdleTimeout < 0 || c.MaxConnections < 0 || c.MaxSnapshotBytesPerToken < 0 {
 		errs = append(errs, errors.New("caps and durations must not be negative"))
+	}
+	if c.OnIdle != "" && c.OnIdle != OnIdleEnd && c.OnIdle != OnIdleSuspend {
+		errs = append(errs, fmt.Errorf("on_idle %q: want %q or %q", c.OnIdle, OnIdleEnd, OnIdleSuspend))
 	}
 	if d := c.withDefaults(); d.SessionTTL > d.MaxSessionTTL || d.IdleTimeout > d.MaxSessionTTL {
 		errs = append(errs, fmt.Errorf("session ttl %v and idle timeout %v must be at most the maximum ttl %v", d.SessionTTL, d.IdleTimeout, d.MaxSessionTTL))

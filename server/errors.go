@@ -29,6 +29,10 @@ var (
 	errMethod        = errors.New("server: method not allowed")
 	errShuttingDown  = errors.New("server: shutting down")
 	errSessionClosed = errors.New("server: session ended")
+	errSessionBusy   = errors.New("server: session busy")
+	errSessionBroken = errors.New("server: session broken")
+	errNoSuspend     = errors.New("server: this level does not suspend sessions")
+	errSnapshotQuota = errors.New("server: the token's snapshots are over their disk quota")
 	// errProfileForbidden is both a profile the token may not use and
 	// one that does not exist: the answer does not tell which, so that a
 	// token cannot learn the names of profiles granted to others.
@@ -52,12 +56,16 @@ var errorTable = []struct {
 	{errCodeTooLarge, http.StatusRequestEntityTooLarge, "code_too_large"},
 	{errBadRequest, http.StatusBadRequest, "bad_request"},
 	{errUnknownLevel, http.StatusBadRequest, "unknown_level"},
+	{errSessionBroken, http.StatusConflict, "session_broken"},
+	{errSessionBusy, http.StatusConflict, "session_busy"},
 	{moat.ErrInvalid, http.StatusBadRequest, "invalid"},
 	{errTooMany, http.StatusTooManyRequests, "too_many_sessions"},
+	{errSnapshotQuota, http.StatusInsufficientStorage, "snapshot_quota"},
 	{errTokenBusy, http.StatusTooManyRequests, "token_busy"},
 	{errBusy, http.StatusTooManyRequests, "busy"},
 	{errQueueTimeout, http.StatusServiceUnavailable, "queue_timeout"},
 	{errNoSessions, http.StatusNotImplemented, "sessions_unsupported"},
+	{errNoSuspend, http.StatusNotImplemented, "suspend_unsupported"},
 	{errShuttingDown, http.StatusServiceUnavailable, "shutting_down"},
 	{moat.ErrSpent, http.StatusConflict, "session_spent"},
 	{moat.ErrClosed, http.StatusServiceUnavailable, "shutting_down"},

@@ -14,12 +14,12 @@ import (
 )
 
 func (s *Server) handleListFiles(w http.ResponseWriter, r *http.Request, owner string) error {
-	ss, done, err := s.useSession(r, owner)
+	sess, _, done, err := s.useSession(w, r, owner)
 	if err != nil {
 		return err
 	}
 	defer done()
-	files, err := ss.sess.ListFiles(r.Context())
+	files, err := sess.ListFiles(r.Context())
 	if err != nil {
 		return err
 	}
@@ -31,7 +31,7 @@ func (s *Server) handleListFiles(w http.ResponseWriter, r *http.Request, owner s
 }
 
 func (s *Server) handlePutFile(w http.ResponseWriter, r *http.Request, owner string) error {
-	ss, done, err := s.useSession(r, owner)
+	sess, _, done, err := s.useSession(w, r, owner)
 	if err != nil {
 		return err
 	}
@@ -41,7 +41,7 @@ func (s *Server) handlePutFile(w http.ResponseWriter, r *http.Request, owner str
 		return fmt.Errorf("file of %d bytes is over the %v cap: %w", r.ContentLength, s.cfg.MaxFileBytes, errBodyTooLarge)
 	}
 	body := http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxFileBytes))
-	if err := ss.sess.WriteFile(r.Context(), name, body); err != nil {
+	if err := sess.WriteFile(r.Context(), name, body); err != nil {
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			return fmt.Errorf("file over the %v cap: %w", s.cfg.MaxFileBytes, errBodyTooLarge)
 		}
@@ -52,12 +52,12 @@ func (s *Server) handlePutFile(w http.ResponseWriter, r *http.Request, owner str
 }
 
 func (s *Server) handleGetFile(w http.ResponseWriter, r *http.Request, owner string) error {
-	ss, done, err := s.useSession(r, owner)
+	sess, _, done, err := s.useSession(w, r, owner)
 	if err != nil {
 		return err
 	}
 	defer done()
-	rc, err := ss.sess.ReadFile(r.Context(), r.PathValue("path"))
+	rc, err := sess.ReadFile(r.Context(), r.PathValue("path"))
 	if err != nil {
 		return err
 	}
@@ -79,12 +79,12 @@ func (s *Server) handleGetFile(w http.ResponseWriter, r *http.Request, owner str
 }
 
 func (s *Server) handleDeleteFile(w http.ResponseWriter, r *http.Request, owner string) error {
-	ss, done, err := s.useSession(r, owner)
+	sess, _, done, err := s.useSession(w, r, owner)
 	if err != nil {
 		return err
 	}
 	defer done()
-	if err := ss.sess.RemoveFile(r.Context(), r.PathValue("path")); err != nil {
+	if err := sess.RemoveFile(r.Context(), r.PathValue("path")); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -92,12 +92,12 @@ func (s *Server) handleDeleteFile(w http.ResponseWriter, r *http.Request, owner 
 }
 
 func (s *Server) handleStatFile(w http.ResponseWriter, r *http.Request, owner string) error {
-	ss, done, err := s.useSession(r, owner)
+	sess, _, done, err := s.useSession(w, r, owner)
 	if err != nil {
 		return err
 	}
 	defer done()
-	info, err := ss.sess.Stat(r.Context(), r.PathValue("path"))
+	info, err := sess.Stat(r.Context(), r.PathValue("path"))
 	if err != nil {
 		return err
 	}
@@ -106,13 +106,13 @@ func (s *Server) handleStatFile(w http.ResponseWriter, r *http.Request, owner st
 }
 
 func (s *Server) handleMkdir(w http.ResponseWriter, r *http.Request, owner string) error {
-	ss, done, err := s.useSession(r, owner)
+	sess, _, done, err := s.useSession(w, r, owner)
 	if err != nil {
 		return err
 	}
 	defer done()
 	name := r.PathValue("path")
-	if err := ss.sess.Mkdir(r.Context(), name); err != nil {
+	if err := sess.Mkdir(r.Context(), name); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusCreated, map[string]any{"name": name})
@@ -130,12 +130,12 @@ func (s *Server) handleRename(w http.ResponseWriter, r *http.Request, owner stri
 	if err := s.decode(w, r, &req); err != nil {
 		return err
 	}
-	ss, done, err := s.useSession(r, owner)
+	sess, _, done, err := s.useSession(w, r, owner)
 	if err != nil {
 		return err
 	}
 	defer done()
-	if err := ss.sess.Rename(r.Context(), req.From, req.To); err != nil {
+	if err := sess.Rename(r.Context(), req.From, req.To); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"from": req.From, "to": req.To})

@@ -18,6 +18,8 @@ type metrics struct {
 	sessionEnd *prometheus.CounterVec
 	overflows  prometheus.Counter
 	conns      prometheus.Gauge
+	suspends   *prometheus.CounterVec
+	resumes    *prometheus.CounterVec
 
 	// By network profile, for the runs and sessions that name one
 	// (moat_runs_total and moat_sessions_active count them too).
@@ -42,7 +44,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		}, []string{"level"}),
 		sessions: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "moat_sessions_active",
-			Help: "Sessions alive, by level.",
+			Help: "Sessions held, in any state (see moat_sessions), by level.",
 		}, []string{"level"}),
 		queue: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "moat_run_queue_depth",
@@ -62,12 +64,20 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		}),
 		sessionEnd: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "moat_sessions_ended_total",
-			Help: "Sessions ended, by cause: deleted, expired, idle, shutdown.",
+			Help: "Sessions ended, by cause: deleted, expired, idle, shutdown, suspend_failed.",
 		}, []string{"cause"}),
 		overflows: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "moat_stream_overflows_total",
 			Help: "Streaming clients that fell more than the stream buffer behind the output, whose live output stopped.",
 		}),
+		suspends: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "moat_session_suspends_total",
+			Help: "Suspends of sessions, by cause (api, idle, shutdown) and result (ok, error).",
+		}, []string{"cause", "result"}),
+		resumes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "moat_session_resumes_total",
+			Help: "Resumes of suspended sessions, by result: ok, broken (the state was refused), error (it stays suspended).",
+		}, []string{"result"}),
 		conns: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "moat_http_connections",
 			Help: "Connections open on the server's listeners.",
@@ -81,7 +91,19 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Help: "Sessions alive under a network profile, by profile.",
 		}, []string{"profile"}),
 	}
-	m.reg.MustRegister(m.profileRuns, m.profileSessions, m.runs, m.latency, m.sessions, m.queue, m.running, m.rejected, m.recovered, m.sessionEnd, m.overflows, m.conns,
+	m.reg.MustRegister(m.profileRuns, m.profileSessions, m.runs, m.latency, m.sessions, m.queue, m.running, m.rejected, m.recovered, m.sessionEnd, m.overflows, m.conns, m.suspends, m.resumes,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
+}
+
+// registerStates adds moat_sessions{state}: the sessions held now, by
+// state (running, suspended, broken), counted when scraped.
+func (m *metrics) registerStates(count func(state string) int) {
+	for _, st := range []string{stateRunning, stateSuspended, stateBroken} {
+		m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "moat_sessions",
+			Help:        "Sessions held, by state: running, suspended (on disk, nothing running), broken (state refused on resume).",
+			ConstLabels: prometheus.Labels{"state": st},
+		}, func() float64 { return float64(count(st)) }))
+	}
 }

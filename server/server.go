@@ -4,11 +4,16 @@
 // granted (a request names one, never a policy of its own), caps, run slots shared fairly between tokens
 // with a bounded queue, timeouts that no slow client outlasts, Prometheus
 // metrics, and session records in an embedded database so that a restarted
-// server knows what a crashed one left behind.
+// server knows what a crashed one left behind. Sessions can be suspended
+// (their state on disk under <state_dir>/suspended, nothing running) by
+// the API, by the sweep when Config.OnIdle is "suspend", and at Shutdown;
+// the next use resumes them, in this server or the next one on the state
+// directory.
 //
 // It serves any moat.Sandbox, one per level, and never names a concrete
 // level: sessions are offered where the sandbox implements moat.Sessioner,
-// and refused with 501 elsewhere. The routes are listed in routes() and
+// and refused with 501 elsewhere; suspend where the sessions implement
+// moat.Suspender and the sandbox moat.Resumer. The routes are listed in routes() and
 // documented in openapi.json, which the server serves at /openapi.json.
 //
 // Every error is a JSON body {"error": {"code", "message"}} whose code is
@@ -60,6 +65,11 @@ type Server struct {
 	base       context.Context
 	cancelBase context.CancelFunc
 
+	// snapMu guards snapshots; a fork holds it for reading while it
+	// reads a snapshot's state, a DELETE for writing.
+	snapMu    sync.RWMutex
+	snapshots map[string]snapshotRecord
+
 	mu       sync.Mutex
 	sessions map[string]*session
 	closing  bool
@@ -71,8 +81,9 @@ type Server struct {
 	closeErr  error
 }
 
-// New opens the state directory's database, removes what a server that did
-// not shut down cleanly left recorded there, and returns the server.
+// New opens the state directory's database, keeps the suspended sessions
+// recorded there (see recover), removes what a server that did not shut
+// down cleanly left of its running ones, and returns the server.
 //
 // Resources of those sessions (directories, processes, containers) are
 // reaped by the levels themselves when they are opened: open the sandboxes
@@ -92,6 +103,7 @@ func New(cfg Config) (*Server, error) {
 		store:     st,
 		metrics:   newMetrics(cfg.Registry),
 		sessions:  map[string]*session{},
+		snapshots: map[string]snapshotRecord{},
 		sweepDone: make(chan struct{}),
 		stopSweep: make(chan struct{}),
 	}
@@ -111,39 +123,42 @@ func New(cfg Config) (*Server, error) {
 		s.metrics.queue.Set(float64(waiting))
 	})
 	s.base, s.cancelBase = context.WithCancel(context.Background())
-	if err := s.recover(); err != nil {
-		st.close()
-		return nil, err
-	}
 	for l := range cfg.Sandboxes {
 		s.metrics.sessions.WithLabelValues(string(l)).Set(0)
 	}
 	for p := range cfg.Profiles {
 		s.metrics.profileSessions.WithLabelValues(p).Set(0)
 	}
+	if err := s.recover(); err != nil {
+		st.close()
+		return nil, err
+	}
+	if err := s.recoverSnapshots(); err != nil {
+		st.close()
+		return nil, err
+	}
+	s.metrics.registerStates(s.countState)
 	s.handler = s.routes()
 	go s.sweep()
 	return s, nil
 }
 
-// recover removes the records of sessions a previous server left. A
-// session's network profile is only named in the log: the session is gone
-// whichever profile it had, and whether or not this server still defines
-// that profile.
-func (s *Server) recover() error {
-	recs, err := s.store.all()
-	if err != nil {
-		return fmt.Errorf("server: read sessions: %w", err)
-	}
-	for _, r := range recs {
-		s.log.Warn("server: removing a session left by a server that did not shut down cleanly",
-			"session", r.ID, "owner", r.Owner, "level", r.Level, "network", r.Network, "backend", r.Backend, "created_at", r.CreatedAt, "pid", r.PID)
-		if err := s.store.delete(r.ID); err != nil {
-			return fmt.Errorf("server: %w", err)
+// countState is how many sessions are in state.
+func (s *Server) countState(state string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, ss := range s.sessions {
+		if ss.creating {
+			continue
 		}
-		s.metrics.recovered.Inc()
+		ss.mu.Lock()
+		if ss.rec.state() == state {
+			n++
+		}
+		ss.mu.Unlock()
 	}
-	return nil
+	return n
 }
 
 // StateDir is the directory of the server's database.
@@ -189,9 +204,13 @@ func (s *Server) Serve(l net.Listener) error {
 }
 
 // Shutdown stops accepting requests, waits for those in progress until ctx
-// ends (then cancels the runs still going), ends every session and closes
-// the database. Sessions ended this way are not left for recovery. It is
-// safe to call more than once.
+// ends (then cancels the runs still going), and closes the database. With
+// Config.OnIdle "suspend" it suspends every running session (each bounded
+// by a minute; one that cannot be suspended is ended), so that the next
+// server on the state directory resumes them; with "end" it ends them.
+// Suspended and broken sessions stay as they are, for the next server.
+// Sessions ended this way are not left for recovery. It is safe to call
+// more than once.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.closeOnce.Do(func() {
 		s.mu.Lock()
@@ -223,7 +242,23 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}
 		s.mu.Unlock()
 		for _, ss := range all {
-			s.endSession(ss, "shutdown")
+			ss.mu.Lock()
+			state, creating := ss.rec.state(), ss.creating
+			ss.mu.Unlock()
+			switch {
+			case creating || state != stateRunning:
+				// Suspended and broken sessions wait for the next server.
+			case s.cfg.OnIdle == OnIdleSuspend:
+				sctx, cancel := context.WithTimeout(context.Background(), suspendBound)
+				err := s.suspend(sctx, ss, "shutdown", 0)
+				cancel()
+				if err != nil {
+					s.log.Warn("server: a session could not be suspended at shutdown: ending it", "session", ss.rec.ID, "err", err)
+					s.endSession(ss, "shutdown")
+				}
+			default:
+				s.endSession(ss, "shutdown")
+			}
 		}
 		if err := s.store.close(); err != nil {
 			errs = append(errs, err)
@@ -260,6 +295,11 @@ func (s *Server) routeTable() []route {
 		{"GET", "/v1/sessions/{id}", false, s.handleGetSession},
 		{"DELETE", "/v1/sessions/{id}", false, s.handleDeleteSession},
 		{"POST", "/v1/sessions/{id}/runs", false, s.handleSessionRun},
+		{"POST", "/v1/sessions/{id}/suspend", false, s.handleSuspend},
+		{"POST", "/v1/sessions/{id}/resume", false, s.handleResume},
+		{"POST", "/v1/sessions/{id}/snapshots", false, s.handleSnapshot},
+		{"GET", "/v1/snapshots", false, s.handleListSnapshots},
+		{"DELETE", "/v1/snapshots/{id}", false, s.handleDeleteSnapshot},
 		{"GET", "/v1/sessions/{id}/files", false, s.handleListFiles},
 		{"PUT", "/v1/sessions/{id}/files/{path...}", false, s.handlePutFile},
 		{"GET", "/v1/sessions/{id}/files/{path...}", false, s.handleGetFile},
@@ -325,6 +365,10 @@ type levelInfo struct {
 	Level    moat.Level `json:"level"`
 	Default  bool       `json:"default"`
 	Sessions bool       `json:"sessions"`
+	// Suspend says the level's sessions can be suspended and resumed
+	// (moat.Resumer); whether their memory is kept is said by each
+	// suspended session's "memory".
+	Suspend bool `json:"suspend"`
 }
 
 func (s *Server) handleLevels(w http.ResponseWriter, r *http.Request, _ string) error {
@@ -332,7 +376,8 @@ func (s *Server) handleLevels(w http.ResponseWriter, r *http.Request, _ string) 
 	for _, l := range moat.Levels {
 		if sb, ok := s.cfg.Sandboxes[l]; ok {
 			_, sess := sb.(moat.Sessioner)
-			out = append(out, levelInfo{Level: l, Default: l == s.cfg.DefaultLevel, Sessions: sess})
+			_, res := sb.(moat.Resumer)
+			out = append(out, levelInfo{Level: l, Default: l == s.cfg.DefaultLevel, Sessions: sess, Suspend: sess && res})
 		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"levels": out})

@@ -30,6 +30,22 @@ type record struct {
 	Backend string `json:"backend,omitempty"`
 	// PID is the server process that made it.
 	PID int `json:"pid"`
+
+	// State is stateRunning, stateSuspended or stateBroken; empty (the
+	// records of older servers) is running.
+	State string `json:"state,omitempty"`
+	// StateDir holds the suspended state (a suspended or broken session):
+	// always <state_dir>/suspended/<id>, which recover checks rather than
+	// trusting this field.
+	StateDir string `json:"state_dir,omitempty"`
+	// Suspend is what the last suspend kept; nil if the session was never
+	// suspended.
+	Suspend     *moat.SuspendInfo `json:"suspend,omitempty"`
+	SuspendedAt time.Time         `json:"suspended_at,omitzero"`
+	// Broken says why the suspended state was refused on resume.
+	Broken string `json:"broken,omitempty"`
+	// FromSnapshot is the snapshot the session was started from.
+	FromSnapshot string `json:"from_snapshot,omitempty"`
 }
 
 var sessionsBucket = []byte("sessions")
@@ -50,7 +66,10 @@ func openStore(dir string) (*store, error) {
 		return nil, fmt.Errorf("server: open %s (is another moat serve using this state dir?): %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		_, err := tx.CreateBucketIfNotExists(sessionsBucket)
+		if _, err := tx.CreateBucketIfNotExists(sessionsBucket); err != nil {
+			return err
+		}
+		_, err := tx.CreateBucketIfNotExists(snapshotsBucket)
 		return err
 	})
 	if err != nil {
@@ -87,6 +106,30 @@ func (st *store) all() ([]record, error) {
 			}
 			r.ID = string(k)
 			out = append(out, r)
+			return nil
+		})
+	})
+	return out, err
+}
+
+func (st *store) putIn(bucket []byte, key string, data []byte) error {
+	return st.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucket).Put([]byte(key), data)
+	})
+}
+
+func (st *store) deleteIn(bucket []byte, key string) error {
+	return st.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucket).Delete([]byte(key))
+	})
+}
+
+// allIn returns every value of bucket by key.
+func (st *store) allIn(bucket []byte) (map[string][]byte, error) {
+	out := map[string][]byte{}
+	err := st.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucket).ForEach(func(k, v []byte) error {
+			out[string(k)] = append([]byte{}, v...)
 			return nil
 		})
 	})

@@ -10,6 +10,8 @@
         print(s.run("print(x + 1)")["stdout"])      # 42
         s.upload("data/in.csv", b"a,b\\n1,2\\n")
         print(s.download("data/in.csv"))
+        s.suspend()                                   # on disk, nothing running
+        snap = s.snapshot("before")
         for ev in s.stream("import time\\nfor i in range(3): print(i, flush=True); time.sleep(1)"):
             print(ev)                                 # ('stdout', '0\\n') ... ('result', {...})
 
@@ -82,7 +84,7 @@ class Client:
     # The API.
 
     def levels(self):
-        """The levels the server serves: [{level, default, sessions}]."""
+        """The levels the server serves: [{level, default, sessions, suspend}]."""
         return self._json("GET", "/v1/levels")["levels"]
 
     def run(self, code, level=None):
@@ -102,9 +104,13 @@ class Client:
             body["level"] = level
         return _events(self._request("POST", "/v1/runs", body, accept="text/event-stream"))
 
-    def create_session(self, level=None, ttl=None, idle_timeout=None, interpreter=False):
-        """Create a session; ttl and idle_timeout are strings like "30m"."""
+    def create_session(self, level=None, ttl=None, idle_timeout=None, interpreter=False, from_snapshot=None):
+        """Create a session; ttl and idle_timeout are strings like "30m".
+        from_snapshot (a snapshot's id) starts it from that snapshot: a fork,
+        with the snapshot's level and interpreter."""
         body = {"interpreter": bool(interpreter)}
+        if from_snapshot:
+            body = {"from_snapshot": from_snapshot}  # the snapshot's interpreter
         if level:
             body["level"] = level
         if ttl:
@@ -121,6 +127,13 @@ class Client:
 
     def get_session(self, session_id):
         return Session(self, self._json("GET", "/v1/sessions/" + _seg(session_id)))
+
+    def snapshots(self):
+        """This token's snapshots: {snapshots: [...], bytes, quota_bytes}."""
+        return self._json("GET", "/v1/snapshots")
+
+    def delete_snapshot(self, snapshot_id):
+        self._json("DELETE", "/v1/snapshots/" + _seg(snapshot_id))
 
 
 class Session:
@@ -168,6 +181,23 @@ class Session:
 
     def remove(self, name):
         self.client._json("DELETE", self._base + "/files/" + _path(name))
+
+    def suspend(self):
+        """Suspend the session: its state kept on disk, nothing of it
+        running. Its next run or file operation resumes it. Returns the
+        session's view: state "suspended", memory (whether the
+        interpreter's variables come back)."""
+        self.info = self.client._json("POST", self._base + "/suspend")
+        return self.info
+
+    def resume(self):
+        """Resume a suspended session; the view's notes say what came back."""
+        self.info = self.client._json("POST", self._base + "/resume")
+        return self.info
+
+    def snapshot(self, name):
+        """Take a named snapshot; create_session(from_snapshot=...) forks it."""
+        return self.client._json("POST", self._base + "/snapshots", {"name": name})
 
     def delete(self):
         self.client._json("DELETE", self._base)

@@ -28,7 +28,29 @@ class ClientTest(unittest.TestCase):
             self.assertIn(k, r)
 
     def test_levels(self):
-        self.assertIn({"level": "subprocess", "default": True, "sessions": True}, self.c.levels())
+        self.assertIn({"level": "subprocess", "default": True, "sessions": True, "suspend": True}, self.c.levels())
+
+    def test_suspend_resume_snapshot(self):
+        with self.c.session() as s:
+            s.upload("kept.txt", "kept")
+            self.assertEqual(s.suspend()["state"], "suspended")
+            self.assertEqual(s.refresh()["state"], "suspended")
+            # A run resumes it, and says so.
+            r = s.run("print(open('kept.txt').read())")
+            self.assertEqual(r["stdout"], "kept\n")
+            self.assertTrue(any("resumed" in n for n in r.get("notes", [])), r)
+            s.suspend()
+            self.assertEqual(s.resume()["state"], "running")
+            snap = s.snapshot("py")
+            try:
+                with self.c.session(from_snapshot=snap["id"]) as f:
+                    f.upload("kept.txt", "fork")
+                    self.assertEqual(s.download("kept.txt"), b"kept")
+                self.assertIn(snap["id"], [x["id"] for x in self.c.snapshots()["snapshots"]])
+                self.assertEqual(self.other.snapshots()["snapshots"], [])
+            finally:
+                self.c.delete_snapshot(snap["id"])
+            self.assertEqual(self.c.snapshots()["snapshots"], [])
 
     def test_session_files_and_state(self):
         with self.c.session(interpreter=True, ttl="5m") as s:

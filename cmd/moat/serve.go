@@ -191,7 +191,7 @@ func addServerFlags(fs *flag.FlagSet, sc *serverSection) {
 	fs.StringVar(&cfg.Addr, "addr", "", "listen address; a non-loopback address exposes the API beyond this machine (default "+defaultAddr+")")
 	fs.StringVar(&sc.TokensFile, "tokens-file", "", `bearer tokens, one "NAME TOKEN [PROFILE,...]" per line (# comments), or a JSON list of {"name","token","network_profiles"}; required`)
 	fs.StringVar(&sc.Levels, "levels", "", "levels to serve: comma-separated, or all (every level available here); default: the --level")
-	fs.StringVar(&cfg.StateDir, "state-dir", "", "directory of the session database (default /var/lib/moat as root)")
+	fs.StringVar(&cfg.StateDir, "state-dir", "", "directory of the session database and of suspended sessions and snapshots (default /var/lib/moat as root)")
 	fs.Var(&cfg.MaxCodeBytes, "max-code-bytes", "largest code of one run (default 1MiB)")
 	deprecate(fs, "max-code", "max-code-bytes")
 	fs.Var(&cfg.MaxBodyBytes, "max-body-bytes", "largest JSON request body (default max-code-bytes + 64KiB)")
@@ -217,6 +217,8 @@ func addServerFlags(fs *flag.FlagSet, sc *serverSection) {
 	fs.Var(&cfg.MaxSessionTTL, "max-session-ttl", "longest session time to live (default 8h)")
 	fs.Var(&cfg.IdleTimeout, "idle-timeout", "default session idle timeout (default 10m)")
 	fs.Var(&cfg.SweepInterval, "sweep-interval", "how often expired and idle sessions are looked for (default 1s)")
+	fs.StringVar(&cfg.OnIdle, "on-idle", "", "what happens to a session idle past its idle timeout, and to running sessions at shutdown: end, or suspend (kept on disk, resumed by its next use, after a restart too) (default end)")
+	fs.Var(&cfg.MaxSnapshotBytesPerToken, "max-snapshot-bytes-per-token", "disk the snapshots of one token may hold (default 1GiB)")
 	fs.Var(&sc.ShutdownTimeout, "shutdown-timeout", "how long SIGTERM waits for runs in progress before cancelling them (default 30s)")
 	fs.BoolVar(&sc.LogJSON, "log-json", false, "log JSON lines instead of text")
 }
