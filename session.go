@@ -119,6 +119,13 @@ type Resumer interface {
 	ResumeSession(ctx context.Context, dir string) (Session, SuspendInfo, error)
 }
 
+// MemoryKeeper is implemented by Resumers that can say ahead of a suspend
+// whether it keeps a session's memory (a live interpreter's variables):
+// what moat doctor and GET /v1/levels show.
+type MemoryKeeper interface {
+	SuspendKeepsMemory() bool
+}
+
 // SuspendInfo says what a suspended session kept.
 type SuspendInfo struct {
 	Level Level `json:"level"`

@@ -366,9 +366,10 @@ type levelInfo struct {
 	Default  bool       `json:"default"`
 	Sessions bool       `json:"sessions"`
 	// Suspend says the level's sessions can be suspended and resumed
-	// (moat.Resumer); whether their memory is kept is said by each
-	// suspended session's "memory".
-	Suspend bool `json:"suspend"`
+	// (moat.Resumer), and SuspendMemory that their memory (a live
+	// interpreter's variables) is kept too, not only their files.
+	Suspend       bool `json:"suspend"`
+	SuspendMemory bool `json:"suspend_memory"`
 }
 
 func (s *Server) handleLevels(w http.ResponseWriter, r *http.Request, _ string) error {
@@ -377,7 +378,9 @@ func (s *Server) handleLevels(w http.ResponseWriter, r *http.Request, _ string) 
 		if sb, ok := s.cfg.Sandboxes[l]; ok {
 			_, sess := sb.(moat.Sessioner)
 			_, res := sb.(moat.Resumer)
-			out = append(out, levelInfo{Level: l, Default: l == s.cfg.DefaultLevel, Sessions: sess, Suspend: sess && res})
+			mk, _ := sb.(moat.MemoryKeeper)
+			out = append(out, levelInfo{Level: l, Default: l == s.cfg.DefaultLevel, Sessions: sess, Suspend: sess && res,
+				SuspendMemory: sess && res && mk != nil && mk.SuspendKeepsMemory()})
 		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"levels": out})

@@ -41,7 +41,7 @@ func TestOneShotRun(t *testing.T) {
 		t.Errorf("result: %s", r.Body)
 	}
 	r = must(t, call(t, "GET", ts.URL+"/v1/levels", tokenA, nil), 200)
-	if !strings.Contains(string(r.Body), `{"level":"subprocess","default":true,"sessions":true,"suspend":true}`) {
+	if !strings.Contains(string(r.Body), `{"level":"subprocess","default":true,"sessions":true,"suspend":true,"suspend_memory":false}`) {
 		t.Errorf("levels: %s", r.Body)
 	}
 }

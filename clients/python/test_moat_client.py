@@ -28,7 +28,7 @@ class ClientTest(unittest.TestCase):
             self.assertIn(k, r)
 
     def test_levels(self):
-        self.assertIn({"level": "subprocess", "default": True, "sessions": True, "suspend": True}, self.c.levels())
+        self.assertIn({"level": "subprocess", "default": True, "sessions": True, "suspend": True, "suspend_memory": False}, self.c.levels())
 
     def test_suspend_resume_snapshot(self):
         with self.c.session() as s:

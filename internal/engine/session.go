@@ -57,9 +57,10 @@ type Session struct {
 }
 
 var (
-	_ moat.Session   = (*Session)(nil)
-	_ moat.Suspender = (*Session)(nil)
-	_ moat.Resumer   = (*Sandbox)(nil)
+	_ moat.Session      = (*Session)(nil)
+	_ moat.Suspender    = (*Session)(nil)
+	_ moat.Resumer      = (*Sandbox)(nil)
+	_ moat.MemoryKeeper = (*Sandbox)(nil)
 )
 
 // op is one use of the instance in progress: a run, a file operation, or a

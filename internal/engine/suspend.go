@@ -336,6 +336,13 @@ func syncDir(p string) error {
 	return d.Sync()
 }
 
+// SuspendKeepsMemory implements moat.MemoryKeeper: the level's whole state
+// is saved when its backend restores it.
+func (s *Sandbox) SuspendKeepsMemory() bool {
+	_, ok := s.b.(StateRestorer)
+	return ok
+}
+
 // ResumeSession implements moat.Resumer: it checks dir against its
 // manifest (every file there, none else, sizes and digests equal, nothing
 // but directories and regular files), then makes a session with the
