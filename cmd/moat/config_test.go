@@ -117,7 +117,8 @@ const goodConfig = `{
              "max_runs_per_token": 3, "queue_per_token": 4, "stream_buffer": "1MiB",
              "read_header_timeout": "1s", "read_timeout": "2s", "write_timeout": "3s", "conn_idle_timeout": "4s",
              "max_connections": 9, "session_ttl": "5m", "max_session_ttl": "6h", "idle_timeout": "7m",
-             "sweep_interval": "2s", "shutdown_timeout": "9s", "log_json": true},
+             "sweep_interval": "2s", "shutdown_timeout": "9s", "log_json": true,
+             "on_idle": "suspend", "max_snapshot_bytes_per_token": "2GiB"},
   "mcp": {"sessions": true, "interpreter": true},
   "agent": {"sessions": true, "interpreter": true},
   "network": {"allow": ["pypi.test", "*.example.com:443"], "resolve": {"pypi.test": "127.0.0.1"}},
@@ -396,6 +397,7 @@ func TestNetworkFromFileAndFlags(t *testing.T) {
 	resolve := func(file string, args ...string) (fileConfig, error) {
 		t.Helper()
 		fs := newFlagSet("run")
+		fs.SetOutput(io.Discard)
 		sf := addSandboxFlags(fs)
 		if file != "" {
 			path := filepath.Join(t.TempDir(), "moat.json")
