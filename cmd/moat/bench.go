@@ -23,6 +23,7 @@ func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
 	asJSON := fs.Bool("json", false, "print one JSON object {rows: [{name, level, runs, min_ms, median_ms, p90_ms, max_ms, ratio}]}")
 	quiet := fs.Bool("quiet", false, "no progress lines on standard error")
 	idle := fs.Int("idle", 0, "instead of latency, open this many idle sessions per level (plain and interpreter) and report the host memory each holds")
+	suspendN := fs.Int("suspend", 0, "instead of run latency, suspend and resume a session holding a 10 MiB file (and a variable) this many times per level, plain and interpreter, and report the medians")
 	egressN := fs.Int("egress", 0, "instead of run latency, time this many small fetches (and one of 64MiB) over loopback directly and through moat's egress proxy")
 	if code, ok := parseFlags(fs, args, stdio); !ok {
 		return code
@@ -58,6 +59,12 @@ func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
 	}
 	if *egressN > 0 {
 		return benchEgress(ctx, *egressN, *asJSON, stdio)
+	}
+	if *suspendN < 0 {
+		return exitFor(stdio, fmt.Errorf("--suspend %d must not be negative: %w", *suspendN, moat.ErrInvalid))
+	}
+	if *suspendN > 0 {
+		return benchSuspend(ctx, fc, lvls, *suspendN, *asJSON, stdio, &opened)
 	}
 	if *idle < 0 {
 		return exitFor(stdio, fmt.Errorf("--idle %d must not be negative: %w", *idle, moat.ErrInvalid))
@@ -213,6 +220,53 @@ func benchIdle(ctx context.Context, fc fileConfig, lvls []moat.Level, n int, asJ
 		}
 		fmt.Fprintf(stdio.Out, "%-12s %-12s %9d %14.1f %12s\n", r.Level, kind, r.Sessions, float64(r.PerSession)/float64(moat.MiB), per)
 	}
+	return exitOK
+}
+
+// benchSuspend prints what suspending and resuming a session costs at each
+// level, plain and with an interpreter.
+func benchSuspend(ctx context.Context, fc fileConfig, lvls []moat.Level, n int, asJSON bool, stdio Stdio, opened *[]moat.Sandbox) int {
+	var rows []bench.SuspendCost
+	for _, l := range lvls {
+		sb, err := openLevel(ctx, fc, l)
+		if err != nil {
+			return exitFor(stdio, err)
+		}
+		*opened = append(*opened, sb)
+		for _, interp := range []bool{false, true} {
+			c, err := bench.MeasureSuspend(ctx, sb, interp, n)
+			if interp && errors.Is(err, moat.ErrUnavailable) {
+				fmt.Fprintf(stdio.Err, "bench: %s: no interpreter sessions: %v\n", l, err)
+				continue
+			}
+			if err != nil {
+				return exitFor(stdio, err)
+			}
+			rows = append(rows, c)
+		}
+	}
+	if asJSON {
+		if err := json.NewEncoder(stdio.Out).Encode(map[string]any{"suspend": rows}); err != nil {
+			return exitFor(stdio, err)
+		}
+		return exitOK
+	}
+	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d)/1e6) }
+	mib := func(b int64) string { return fmt.Sprintf("%.1f", float64(b)/float64(moat.MiB)) }
+	fmt.Fprintf(stdio.Out, "%-11s %-12s %-7s %11s %10s %9s %10s %9s %7s %12s %14s\n",
+		"level", "session", "memory", "suspend ms", "state MiB", "disk MiB", "resume ms", "fresh ms", "ratio", "running MiB", "suspended MiB")
+	for _, r := range rows {
+		kind, kept := "plain", "files"
+		if r.Interpreter {
+			kind = "interpreter"
+		}
+		if r.Memory {
+			kept = "kept"
+		}
+		fmt.Fprintf(stdio.Out, "%-11s %-12s %-7s %11s %10s %9s %10s %9s %6.2fx %12s %14s\n",
+			r.Level, kind, kept, ms(r.Suspend), mib(r.StateBytes), mib(r.DiskBytes), ms(r.Resume), ms(r.Fresh), r.Ratio, mib(r.RunningHost), mib(r.SuspendedHost))
+	}
+	fmt.Fprintf(stdio.Out, "medians of %d; resume = ResumeSession + first run to its output, fresh = NewSession + print(1); host MiB = MemTotal-MemAvailable growth since before the session opened (noisy, may be negative)\n", n)
 	return exitOK
 }
 

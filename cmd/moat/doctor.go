@@ -12,7 +12,7 @@ import (
 func cmdDoctor(ctx context.Context, args []string, stdio Stdio) int {
 	fs := newFlagSet("doctor")
 	sf := addSandboxFlags(fs)
-	asJSON := fs.Bool("json", false, "print {levels: [{level, available, reason, remedy}]}")
+	asJSON := fs.Bool("json", false, "print {levels: [{level, available, reason, remedy, details, suspend_memory}]}")
 	if code, ok := parseFlags(fs, args, stdio); !ok {
 		return code
 	}
@@ -20,20 +20,25 @@ func cmdDoctor(ctx context.Context, args []string, stdio Stdio) int {
 	if err != nil {
 		return exitFor(stdio, err)
 	}
-	var out []moat.Availability
+	var out []doctorLine
 	for _, l := range moat.Levels {
 		e, err := findLevel(l)
 		if err != nil {
-			out = append(out, moat.Availability{Level: l, Reason: "not built into this version of moat", Remedy: "a later version adds it"})
+			out = append(out, doctorLine{Availability: moat.Availability{Level: l, Reason: "not built into this version of moat", Remedy: "a later version adds it"}})
 			continue
 		}
-		out = append(out, e.check(ctx, fc))
+		d := doctorLine{Availability: e.check(ctx, fc)}
+		if d.Available {
+			kept := suspendKeepsMemory[l]
+			d.SuspendMemory = &kept
+		}
+		out = append(out, d)
 	}
 	if *asJSON {
 		enc := json.NewEncoder(stdio.Out)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(struct {
-			Levels []moat.Availability `json:"levels"`
+			Levels []doctorLine `json:"levels"`
 		}{out}); err != nil {
 			return exitFor(stdio, err)
 		}
@@ -53,7 +58,35 @@ func cmdDoctor(ctx context.Context, args []string, stdio Stdio) int {
 		for _, d := range a.Details {
 			fmt.Fprintf(tw, "\t\t%s\n", d)
 		}
+		switch {
+		case a.SuspendMemory == nil:
+		case *a.SuspendMemory:
+			fmt.Fprintf(tw, "\t\tsessions suspend with their memory: a live interpreter's variables come back on resume\n")
+		default:
+			fmt.Fprintf(tw, "\t\tsessions suspend with their files only: a live interpreter starts fresh on resume\n")
+		}
 	}
 	tw.Flush()
 	return exitOK
+}
+
+// doctorLine is what moat doctor says of one level: its Availability and,
+// when it is available, whether a suspend keeps its sessions' memory.
+type doctorLine struct {
+	moat.Availability
+	SuspendMemory *bool `json:"suspend_memory,omitempty"`
+}
+
+// suspendKeepsMemory says which levels keep a session's memory (a live
+// interpreter's variables) across a suspend; the others keep its files.
+// It is what each level's sandbox says as a moat.MemoryKeeper, written down
+// here so that doctor need not open a sandbox (a microvm boots its
+// template, the others start warm instances and reap leftovers) only to
+// ask; TestDoctorSuspendMemoryMatchesLevels opens each available level and
+// checks the two agree.
+var suspendKeepsMemory = map[moat.Level]bool{
+	moat.LevelSubprocess: false,
+	moat.LevelContainer:  false,
+	moat.LevelGVisor:     false,
+	moat.LevelMicroVM:    true,
 }
