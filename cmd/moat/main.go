@@ -8,6 +8,7 @@
 //	moat bench [flags]                      time print(1) at each level
 //	moat doctor [--json]                    say which levels can run here
 //	moat serve [flags]                      the HTTP API with sessions
+//	moat session COMMAND [ARGS]             a running server's sessions: create, run, suspend, snapshot, end
 //	moat agent [flags] "task"               a Claude agent with one tool, run_python
 //	moat mcp [--http ADDR]                  run_python as an MCP server
 //
@@ -51,6 +52,7 @@ func commands() []command {
 		{"bench", "time print(1) at each level against a direct python3 start", cmdBench},
 		{"doctor", "say which levels can run on this machine, and what to do if not", cmdDoctor},
 		{"image", "build or inspect the sandbox image (Debian + python3) the container, gvisor and microvm levels share", cmdImage},
+		{"session", "create, run in, suspend, snapshot and end the sessions of a running moat serve", cmdSession},
 		{"serve", "serve the HTTP API (sessions, files, streaming) to agents in any language", cmdServe},
 		{"agent", "run a Claude agent whose one tool, run_python, runs code in the sandbox", cmdAgent},
 		{"mcp", "serve run_python over MCP (stdio, or --http on a loopback address)", cmdMCP},

@@ -43,6 +43,9 @@ func TestBadInputIsOneLineAndExit2(t *testing.T) {
 		{"run", "-c", "print(1)", "file.py"},
 		{"run", "--no-such-flag"},
 		{"bench", "--runs", "-5"},
+		{"bench", "--levels", "subprocess", "--forks", "-1"},
+		{"bench", "--levels", "subprocess", "--forks", "2", "--suspend", "2"},
+		{"session", "--url", "http://127.0.0.1:1", "frobnicate"},
 		{"attack", "--attacks", "teleport"},
 		{"frobnicate"},
 	}

@@ -86,32 +86,9 @@ func TestServe(t *testing.T) {
 		t.Skip("the subprocess level needs root (CI runs this as root)")
 	}
 	tokens := writeTokens(t, `[{"name": "alice", "token": "s3cret-token-0123456789"}]`, 0o600)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var errb lockedBuffer
-	done := make(chan int, 1)
-	go func() {
-		done <- cmdServe(ctx, []string{"--addr", "127.0.0.1:0", "--tokens-file", tokens, "--state-dir", t.TempDir(), "--wall-time", "5s",
-			"--max-runs-per-token", "2", "--queue-per-token", "4", "--stream-buffer", "4MiB", "--read-header-timeout", "5s",
-			"--read-timeout", "30s", "--write-timeout", "10s", "--conn-idle-timeout", "30s", "--max-connections", "64"},
-			Stdio{In: strings.NewReader(""), Out: io.Discard, Err: &errb})
-	}()
-	var url string
-	deadline := time.Now().Add(20 * time.Second)
-	for url == "" {
-		if m := regexp.MustCompile(`url=(http://127\.0\.0\.1:\d+)`).FindStringSubmatch(errb.String()); m != nil {
-			url = m[1]
-		}
-		select {
-		case code := <-done:
-			t.Fatalf("serve exited %d: %s", code, errb.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("serve did not start: %s", errb.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	url, errb, stop := startServe(t, "--tokens-file", tokens, "--state-dir", t.TempDir(), "--wall-time", "5s",
+		"--max-runs-per-token", "2", "--queue-per-token", "4", "--stream-buffer", "4MiB", "--read-header-timeout", "5s",
+		"--read-timeout", "30s", "--write-timeout", "10s", "--conn-idle-timeout", "30s", "--max-connections", "64")
 	req, _ := http.NewRequest("POST", url+"/v1/runs", strings.NewReader(`{"code":"print(6*7)"}`))
 	req.Header.Set("Authorization", "Bearer s3cret-token-0123456789")
 	resp, err := http.DefaultClient.Do(req)
@@ -127,15 +104,56 @@ func TestServe(t *testing.T) {
 	if !strings.Contains(errb.String(), "msg=run ") || !strings.Contains(errb.String(), "reason=none") {
 		t.Errorf("no log line for the run: %s", errb.String())
 	}
-	cancel() // as SIGTERM does through main's context
-	select {
-	case code := <-done:
-		if code != exitOK {
-			t.Errorf("exit %d after shutdown: %s", code, errb.String())
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("serve did not stop")
+	if code := stop(); code != exitOK {
+		t.Errorf("exit %d after shutdown: %s", code, errb.String())
 	}
+}
+
+// startServe starts moat serve on a loopback port with args and returns
+// its URL, its log, and stop, which ends it as SIGTERM does and returns
+// its exit status.
+func startServe(t *testing.T, args ...string) (url string, errb *lockedBuffer, stop func() int) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	errb = &lockedBuffer{}
+	done := make(chan int, 1)
+	go func() {
+		done <- cmdServe(ctx, append([]string{"--addr", "127.0.0.1:0"}, args...), Stdio{In: strings.NewReader(""), Out: io.Discard, Err: errb})
+	}()
+	deadline := time.Now().Add(20 * time.Second)
+	for url == "" {
+		if m := regexp.MustCompile(`url=(http://127\.0\.0\.1:\d+)`).FindStringSubmatch(errb.String()); m != nil {
+			url = m[1]
+		}
+		select {
+		case code := <-done:
+			cancel()
+			t.Fatalf("serve exited %d: %s", code, errb.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("serve did not start: %s", errb.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	stopped := false
+	stop = func() int {
+		if stopped {
+			return exitOK
+		}
+		stopped = true
+		cancel() // as SIGTERM does through main's context
+		select {
+		case code := <-done:
+			return code
+		case <-time.After(30 * time.Second):
+			t.Fatal("serve did not stop")
+			return exitInternal
+		}
+	}
+	t.Cleanup(func() { stop() })
+	return url, errb, stop
 }
 
 // TestServeProfileErrors checks that tokens and network profiles that do
