@@ -76,12 +76,18 @@ func MeasureIdle(ctx context.Context, sb moat.Sandbox, n int, interpreter bool) 
 
 // usedMemory is MemTotal minus MemAvailable, in bytes.
 func usedMemory() (int64, error) {
+	total, avail, err := memInfo()
+	return total - avail, err
+}
+
+// memInfo reads MemTotal and MemAvailable from /proc/meminfo, in bytes.
+func memInfo() (total, avail int64, err error) {
 	f, err := os.Open("/proc/meminfo")
 	if err != nil {
-		return 0, fmt.Errorf("bench: %w", err)
+		return 0, 0, fmt.Errorf("bench: %w", err)
 	}
 	defer f.Close()
-	var total, avail int64 = -1, -1
+	total, avail = -1, -1
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
@@ -100,7 +106,7 @@ func usedMemory() (int64, error) {
 		}
 	}
 	if total < 0 || avail < 0 {
-		return 0, errors.New("bench: /proc/meminfo has no MemTotal or MemAvailable")
+		return 0, 0, errors.New("bench: /proc/meminfo has no MemTotal or MemAvailable")
 	}
-	return total - avail, nil
+	return total, avail, nil
 }

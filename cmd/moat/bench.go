@@ -24,6 +24,7 @@ func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
 	quiet := fs.Bool("quiet", false, "no progress lines on standard error")
 	idle := fs.Int("idle", 0, "instead of latency, open this many idle sessions per level (plain and interpreter) and report the host memory each holds")
 	suspendN := fs.Int("suspend", 0, "instead of run latency, suspend and resume a session holding a 10 MiB file (and a variable) this many times per level, plain and interpreter, and report the medians")
+	forksN := fs.Int("forks", 0, "instead of run latency, fork this many sessions from one suspended session per level (plain and interpreter) against as many fresh ones: start time, host memory, and how many fit on this machine")
 	egressN := fs.Int("egress", 0, "instead of run latency, time this many small fetches (and one of 64MiB) over loopback directly and through moat's egress proxy")
 	if code, ok := parseFlags(fs, args, stdio); !ok {
 		return code
@@ -54,20 +55,26 @@ func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
 			sb.Close()
 		}
 	}()
-	if *egressN < 0 {
-		return exitFor(stdio, fmt.Errorf("--egress %d must not be negative: %w", *egressN, moat.ErrInvalid))
+	modes := 0
+	for name, v := range map[string]int{"idle": *idle, "suspend": *suspendN, "egress": *egressN, "forks": *forksN} {
+		if v < 0 {
+			return exitFor(stdio, fmt.Errorf("--%s %d must not be negative: %w", name, v, moat.ErrInvalid))
+		}
+		if v > 0 {
+			modes++
+		}
+	}
+	if modes > 1 {
+		return exitFor(stdio, fmt.Errorf("give one of --idle, --suspend, --egress and --forks at a time: %w", moat.ErrInvalid))
+	}
+	if *forksN > 0 {
+		return benchForks(ctx, fc, lvls, *forksN, *asJSON, stdio, &opened)
 	}
 	if *egressN > 0 {
 		return benchEgress(ctx, *egressN, *asJSON, stdio)
 	}
-	if *suspendN < 0 {
-		return exitFor(stdio, fmt.Errorf("--suspend %d must not be negative: %w", *suspendN, moat.ErrInvalid))
-	}
 	if *suspendN > 0 {
 		return benchSuspend(ctx, fc, lvls, *suspendN, *asJSON, stdio, &opened)
-	}
-	if *idle < 0 {
-		return exitFor(stdio, fmt.Errorf("--idle %d must not be negative: %w", *idle, moat.ErrInvalid))
 	}
 	if *idle > 0 {
 		return benchIdle(ctx, fc, lvls, *idle, *asJSON, stdio, &opened)
@@ -267,6 +274,54 @@ func benchSuspend(ctx context.Context, fc fileConfig, lvls []moat.Level, n int, 
 			r.Level, kind, kept, ms(r.Suspend), mib(r.StateBytes), mib(r.DiskBytes), ms(r.Resume), ms(r.Fresh), r.Ratio, mib(r.RunningHost), mib(r.SuspendedHost))
 	}
 	fmt.Fprintf(stdio.Out, "medians of %d; resume = ResumeSession + first run to its output, fresh = NewSession + print(1); host MiB = MemTotal-MemAvailable growth since before the session opened (noisy, may be negative)\n", n)
+	return exitOK
+}
+
+// benchForks prints what sessions forked from one suspended session cost
+// at each level against fresh ones, plain and with an interpreter.
+func benchForks(ctx context.Context, fc fileConfig, lvls []moat.Level, n int, asJSON bool, stdio Stdio, opened *[]moat.Sandbox) int {
+	var rows []bench.ForkCost
+	for _, l := range lvls {
+		sb, err := openLevel(ctx, fc, l)
+		if err != nil {
+			return exitFor(stdio, err)
+		}
+		*opened = append(*opened, sb)
+		for _, interp := range []bool{false, true} {
+			fmt.Fprintf(stdio.Err, "bench: %s: %d forks and %d fresh sessions (interpreter %v)\n", l, n, n, interp)
+			c, err := bench.MeasureForks(ctx, sb, interp, n)
+			if interp && errors.Is(err, moat.ErrUnavailable) {
+				fmt.Fprintf(stdio.Err, "bench: %s: no interpreter sessions: %v\n", l, err)
+				continue
+			}
+			if err != nil {
+				return exitFor(stdio, err)
+			}
+			rows = append(rows, c)
+		}
+	}
+	if asJSON {
+		if err := json.NewEncoder(stdio.Out).Encode(map[string]any{"forks": rows}); err != nil {
+			return exitFor(stdio, err)
+		}
+		return exitOK
+	}
+	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d)/1e6) }
+	mib := func(b int64) string { return fmt.Sprintf("%.1f", float64(b)/float64(moat.MiB)) }
+	fmt.Fprintf(stdio.Out, "%-11s %-12s %-7s %9s %9s %12s %12s %10s %14s %12s\n",
+		"level", "session", "memory", "fork ms", "fresh ms", "forks MiB", "fresh MiB", "state MiB", "suspended fit", "running fit")
+	for _, r := range rows {
+		kind, kept := "plain", "files"
+		if r.Interpreter {
+			kind = "interpreter"
+		}
+		if r.Memory {
+			kept = "kept"
+		}
+		fmt.Fprintf(stdio.Out, "%-11s %-12s %-7s %9s %9s %12s %12s %10s %14d %12d\n",
+			r.Level, kind, kept, ms(r.ForkStart), ms(r.FreshStart), mib(r.ForksHost), mib(r.FreshHost), mib(r.StateDisk), r.SuspendedFit, r.RunningFit)
+	}
+	fmt.Fprintf(stdio.Out, "%d forks of one suspended session (1 MiB file) against %d fresh sessions, opened together; ms = median to first output; MiB = host MemTotal-MemAvailable growth with all open (noisy); fit = free disk / state, MemAvailable / the larger per-session growth\n", n, n)
 	return exitOK
 }
 
