@@ -25,6 +25,9 @@ func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
 	idle := fs.Int("idle", 0, "instead of latency, open this many idle sessions per level (plain and interpreter) and report the host memory each holds")
 	suspendN := fs.Int("suspend", 0, "instead of run latency, suspend and resume a session holding a 10 MiB file (and a variable) this many times per level, plain and interpreter, and report the medians")
 	forksN := fs.Int("forks", 0, "instead of run latency, fork this many sessions from one suspended session per level (plain and interpreter) against as many fresh ones: start time, host memory, and how many fit on this machine")
+	sustained := fs.Bool("sustained", false, "instead of one run at a time, run --clients concurrent clients for --duration at each level and against the bare python3 start: runs/s, p50, p99, ratio")
+	clients := fs.Int("clients", 8, "concurrent clients of --sustained")
+	duration := fs.Duration("duration", 10*time.Second, "how long --sustained loads each row")
 	egressN := fs.Int("egress", 0, "instead of run latency, time this many small fetches (and one of 64MiB) over loopback directly and through moat's egress proxy")
 	if code, ok := parseFlags(fs, args, stdio); !ok {
 		return code
@@ -64,8 +67,14 @@ func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
 			modes++
 		}
 	}
+	if *sustained {
+		modes++
+		if *clients <= 0 || *duration <= 0 {
+			return exitFor(stdio, fmt.Errorf("--clients %d and --duration %v must be positive: %w", *clients, *duration, moat.ErrInvalid))
+		}
+	}
 	if modes > 1 {
-		return exitFor(stdio, fmt.Errorf("give one of --idle, --suspend, --egress and --forks at a time: %w", moat.ErrInvalid))
+		return exitFor(stdio, fmt.Errorf("give one of --idle, --suspend, --egress, --forks and --sustained at a time: %w", moat.ErrInvalid))
 	}
 	if *forksN > 0 {
 		return benchForks(ctx, fc, lvls, *forksN, *asJSON, stdio, &opened)
@@ -90,6 +99,19 @@ func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
 			t.Note = d.Describe()
 		}
 		targets = append(targets, t)
+		if *sustained {
+			// Under load every row is a fresh instance per run: one
+			// session's runs take turns, and a cold VM per run is the
+			// latency table's comparison, not a load.
+			if l == moat.LevelContainer {
+				extra, err := extraBenchTargets(fc, l, &opened)
+				if err != nil {
+					return exitFor(stdio, err)
+				}
+				targets = append(targets, extra...)
+			}
+			continue
+		}
 		st, err := sessionTargets(ctx, sb, &sessions, stdio)
 		if err != nil {
 			return exitFor(stdio, err)
@@ -100,6 +122,9 @@ func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
 			return exitFor(stdio, err)
 		}
 		targets = append(targets, extra...)
+	}
+	if *sustained {
+		return benchSustained(ctx, *clients, *duration, bench.PythonTarget(python), targets, *asJSON, stdio)
 	}
 	rep, err := bench.Run(ctx, cfg, bench.PythonTarget(python), targets...)
 	if err != nil {
@@ -114,6 +139,42 @@ func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
 		return exitFor(stdio, err)
 	}
 	if rep.Err() != nil {
+		return exitFailure
+	}
+	return exitOK
+}
+
+// benchSustained prints what each row sustains with clients concurrent
+// clients for d, against the bare python3 start under the same load.
+func benchSustained(ctx context.Context, clients int, d time.Duration, baseline bench.Target, targets []bench.Target, asJSON bool, stdio Stdio) int {
+	fmt.Fprintf(stdio.Err, "bench: %d clients for %v on each of %d rows\n", clients, d, len(targets)+1)
+	rows, err := bench.MeasureSustained(ctx, clients, d, baseline, targets...)
+	if err != nil {
+		return exitFor(stdio, err)
+	}
+	if asJSON {
+		if err := json.NewEncoder(stdio.Out).Encode(map[string]any{"sustained": rows}); err != nil {
+			return exitFor(stdio, err)
+		}
+	} else {
+		ms := func(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d)/1e6) }
+		fmt.Fprintf(stdio.Out, "%-22s %8s %7s %7s %9s %9s %9s %7s\n", "row", "clients", "runs", "errors", "runs/s", "p50 ms", "p99 ms", "ratio")
+		for _, r := range rows {
+			fmt.Fprintf(stdio.Out, "%-22s %8d %7d %7d %9.1f %9s %9s %6.2fx\n", r.Name, r.Clients, r.Runs, r.Errors, r.RunsPerSec, ms(r.P50), ms(r.P99), r.Ratio)
+		}
+		fmt.Fprintf(stdio.Out, "each row loaded for %v; ratio = runs/s over the bare python3 start's under the same %d clients\n", d, clients)
+	}
+	failed := false
+	for _, r := range rows {
+		if r.Runs == 0 && r.Errors == 0 {
+			fmt.Fprintf(stdio.Err, "bench: %s: no run ended within %v under %d clients\n", r.Name, d, clients)
+		}
+		if r.Errors > 0 {
+			fmt.Fprintf(stdio.Err, "bench: %s: %d failed runs, the first: %s\n", r.Name, r.Errors, r.FirstError)
+			failed = true
+		}
+	}
+	if failed {
 		return exitFailure
 	}
 	return exitOK

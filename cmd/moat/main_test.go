@@ -44,6 +44,8 @@ func TestBadInputIsOneLineAndExit2(t *testing.T) {
 		{"run", "--no-such-flag"},
 		{"bench", "--runs", "-5"},
 		{"bench", "--levels", "subprocess", "--forks", "-1"},
+		{"bench", "--levels", "subprocess", "--sustained", "--clients", "0"},
+		{"bench", "--levels", "subprocess", "--sustained", "--forks", "2"},
 		{"bench", "--levels", "subprocess", "--forks", "2", "--suspend", "2"},
 		{"session", "--url", "http://127.0.0.1:1", "frobnicate"},
 		{"attack", "--attacks", "teleport"},
