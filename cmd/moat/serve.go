@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"net/http"
 	"os"
 	"slices"
 	"strings"
@@ -18,11 +19,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/e2b"
 	"github.com/moatsandbox/moat/server"
 )
 
 func init() {
-	commandUsage["serve"] = "moat serve [--addr 127.0.0.1:8080] --tokens-file FILE [--levels L,...] [flags]"
+	commandUsage["serve"] = "moat serve [--addr 127.0.0.1:8080] [--e2b-addr 127.0.0.1:3000] --tokens-file FILE [--levels L,...] [flags]"
 }
 
 // cmdServe serves the HTTP API (package server) over the chosen levels
@@ -107,6 +109,19 @@ func cmdServe(ctx context.Context, args []string, stdio Stdio) int {
 	if tcp, ok := ln.Addr().(*net.TCPAddr); ok && !tcp.IP.IsLoopback() {
 		log.Warn("serve: listening beyond loopback: anyone who can reach this address and holds a token can run code", "addr", ln.Addr().String())
 	}
+	var e2bLn net.Listener
+	if sc.E2BAddr != "" {
+		if !slices.ContainsFunc(tokens, func(t server.Token) bool { return t.E2BKey != "" }) {
+			return exitFor(stdio, fmt.Errorf("serve: --e2b-addr (server.e2b_addr) needs a token with an e2b key in %s (a last field e2b_<40 hex>, or \"e2b_key\"): %w", sc.TokensFile, moat.ErrInvalid))
+		}
+		if e2bLn, err = net.Listen("tcp", sc.E2BAddr); err != nil {
+			return exitFor(stdio, fmt.Errorf("serve: e2b: %w: %w", err, moat.ErrInvalid))
+		}
+		defer e2bLn.Close()
+		if tcp, ok := e2bLn.Addr().(*net.TCPAddr); ok && !tcp.IP.IsLoopback() {
+			log.Warn("serve: the E2B API listens beyond loopback: anyone who can reach this address and holds an e2b key can run code", "addr", e2bLn.Addr().String())
+		}
+	}
 
 	// Opening a level reaps what a dead moat left of it: after a crash,
 	// this is what removes the directories and processes of the sessions
@@ -159,6 +174,23 @@ func cmdServe(ctx context.Context, args []string, stdio Stdio) int {
 	}
 	served2 := make(chan error, 1)
 	go func() { served2 <- srv.Serve(ln) }()
+	var e2bSrv *http.Server
+	e2bDone := make(chan error, 1)
+	if e2bLn != nil {
+		api, err := e2b.New(e2b.Config{Sessions: srv, Tokens: tokens, Templates: sc.E2BTemplates, MaxFileBytes: cfg.MaxFileBytes, Logger: log})
+		if err != nil {
+			srv.Close()
+			<-served2
+			return exitFor(stdio, err)
+		}
+		e2bSrv = &http.Server{
+			Handler:           api.Handler(),
+			ReadHeaderTimeout: time.Duration(orDefault(cfg.ReadHeaderTimeout, moat.Duration(10*time.Second))),
+			IdleTimeout:       time.Duration(orDefault(cfg.ConnIdleTimeout, moat.Duration(time.Minute))),
+		}
+		go func() { e2bDone <- e2bSrv.Serve(e2bLn) }()
+		log.Info("serve: the E2B API is listening", "url", "http://"+e2bLn.Addr().String())
+	}
 	levelNames := make([]string, 0, len(served))
 	for _, l := range served {
 		levelNames = append(levelNames, string(l))
@@ -174,7 +206,16 @@ func cmdServe(ctx context.Context, args []string, stdio Stdio) int {
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), time.Duration(shutdownWait))
 	defer cancel()
+	if e2bSrv != nil {
+		// Its commands are runs of the server's sessions: they end with
+		// them, in srv.Shutdown.
+		go e2bSrv.Shutdown(sctx)
+	}
 	err = srv.Shutdown(sctx)
+	if e2bSrv != nil {
+		e2bSrv.Close()
+		<-e2bDone
+	}
 	<-served2
 	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return exitFor(stdio, fmt.Errorf("serve: shutdown: %w", err))
@@ -221,13 +262,23 @@ func addServerFlags(fs *flag.FlagSet, sc *serverSection) {
 	fs.Var(&cfg.MaxSnapshotBytesPerToken, "max-snapshot-bytes-per-token", "disk the snapshots of one token may hold (default 1GiB)")
 	fs.Var(&sc.ShutdownTimeout, "shutdown-timeout", "how long SIGTERM waits for runs in progress before cancelling them (default 30s)")
 	fs.BoolVar(&sc.LogJSON, "log-json", false, "log JSON lines instead of text")
+	fs.StringVar(&sc.E2BAddr, "e2b-addr", "", "also serve the E2B-compatible API here (both sides on one listener; keys: an e2b_ field per token in the tokens file); default: not served")
+}
+
+func orDefault(d, def moat.Duration) moat.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
 }
 
 // readTokens reads the operator's tokens: a JSON list of {"name", "token",
 // "network_profiles": ["pypi", ...]}, or lines "NAME TOKEN" (or
 // "NAME:TOKEN") with # comments, each optionally followed by the network
 // profiles its holder may use, comma-separated without spaces:
-// "alice s3cret pypi,github". A line without them grants none. Whether the
+// "alice s3cret pypi,github". A line without them grants none. A last
+// field that starts with "e2b_" is the holder's key for the E2B-compatible
+// API (server.Token.E2BKey; "e2b_key" in the JSON form). Whether the
 // profiles exist is checked by the caller, against the config file.
 func readTokens(path string) ([]server.Token, error) {
 	data, err := os.ReadFile(path)
@@ -254,10 +305,14 @@ func readTokens(path string) ([]server.Token, error) {
 			continue
 		}
 		f := strings.Fields(strings.Replace(line, ":", " ", 1))
-		if len(f) != 2 && len(f) != 3 {
-			return nil, fmt.Errorf("serve: tokens file %s, line %d: want \"NAME TOKEN\" or \"NAME TOKEN PROFILE,...\": %w", path, n, moat.ErrInvalid)
+		key := ""
+		if len(f) >= 3 && strings.HasPrefix(f[len(f)-1], "e2b_") {
+			key, f = f[len(f)-1], f[:len(f)-1]
 		}
-		t := server.Token{Name: f[0], Token: f[1]}
+		if len(f) != 2 && len(f) != 3 {
+			return nil, fmt.Errorf("serve: tokens file %s, line %d: want \"NAME TOKEN [PROFILE,...] [e2b_KEY]\": %w", path, n, moat.ErrInvalid)
+		}
+		t := server.Token{Name: f[0], Token: f[1], E2BKey: key}
 		if len(f) == 3 {
 			t.NetworkProfiles = strings.Split(f[2], ",")
 			if slices.Contains(t.NetworkProfiles, "") {
