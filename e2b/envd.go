@@ -212,7 +212,10 @@ func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request, sb *sandbox)
 			}
 			p := qpath
 			if p == "" {
-				p = part.FileName()
+				// The SDKs name each part for its whole path, which
+				// Part.FileName cuts to its last element.
+				_, dp, _ := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
+				p = dp["filename"]
 			}
 			err = put(p, part)
 			part.Close()
