@@ -64,6 +64,10 @@ func TestServeBadInput(t *testing.T) {
 		{"stray argument", []string{"--tokens-file", good, "extra"}},
 		{"negative connection cap", []string{"--tokens-file", good, "--max-connections", "-1"}},
 		{"bad write timeout", []string{"--tokens-file", good, "--write-timeout", "soon"}},
+		{"e2b without an e2b key", []string{"--tokens-file", good, "--e2b-addr", "127.0.0.1:0"}},
+		{"malformed e2b key", []string{"--tokens-file", writeTokens(t, "alice s3cret-token-0123456789 e2b_XYZ\n", 0o600), "--e2b-addr", "127.0.0.1:0"}},
+		{"e2b key shared by two tokens", []string{"--tokens-file", writeTokens(t, "alice s3cret-token-0123456789 e2b_00112233445566778899aabbccddeeff00112233\nbob s3cret-token-9876543210 e2b_00112233445566778899aabbccddeeff00112233\n", 0o600), "--e2b-addr", "127.0.0.1:0"}},
+		{"bad e2b address", []string{"--tokens-file", writeTokens(t, "alice s3cret-token-0123456789 e2b_00112233445566778899aabbccddeeff00112233\n", 0o600), "--e2b-addr", "127.0.0.1:notaport"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var out, errb bytes.Buffer
@@ -191,6 +195,10 @@ func TestReadTokensProfiles(t *testing.T) {
 			`[{"name":"alice","token":"s3cret-token-0123456789","network_profiles":["pypi","github"]},{"name":"bob","token":"s3cret-token-9876543210","network_profiles":["pypi"]}]`},
 		{"JSON with profiles", `[{"name":"alice","token":"s3cret-token-0123456789","network_profiles":["pypi"]}]`,
 			`[{"name":"alice","token":"s3cret-token-0123456789","network_profiles":["pypi"]}]`},
+		{"line with an e2b key", "alice s3cret-token-0123456789 e2b_00112233445566778899aabbccddeeff00112233\nbob s3cret-token-9876543210 pypi e2b_ffeeddccbbaa99887766554433221100ffeeddcc\n",
+			`[{"name":"alice","token":"s3cret-token-0123456789","e2b_key":"e2b_00112233445566778899aabbccddeeff00112233"},{"name":"bob","token":"s3cret-token-9876543210","network_profiles":["pypi"],"e2b_key":"e2b_ffeeddccbbaa99887766554433221100ffeeddcc"}]`},
+		{"JSON with an e2b key", `[{"name":"alice","token":"s3cret-token-0123456789","e2b_key":"e2b_00112233445566778899aabbccddeeff00112233"}]`,
+			`[{"name":"alice","token":"s3cret-token-0123456789","e2b_key":"e2b_00112233445566778899aabbccddeeff00112233"}]`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			tokens, err := readTokens(writeTokens(t, c.content, 0o600))
@@ -286,6 +294,77 @@ func TestServeProfiles(t *testing.T) {
 		if !strings.Contains(logs, want) {
 			t.Errorf("the log lacks %q:\n%s", want, logs)
 		}
+	}
+	cancel()
+	select {
+	case code := <-done:
+		if code != exitOK {
+			t.Errorf("exit %d after shutdown: %s", code, errb.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+}
+
+// TestServeE2B serves the E2B API beside moat's: a sandbox made with the
+// token's e2b key is a session of that token on moat's own API.
+func TestServeE2B(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI must run as root: the subprocess level needs it")
+		}
+		t.Skip("the subprocess level needs root (CI runs this as root)")
+	}
+	const key = "e2b_00112233445566778899aabbccddeeff00112233"
+	tokens := writeTokens(t, "alice s3cret-token-0123456789 "+key+"\n", 0o600)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var errb lockedBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- cmdServe(ctx, []string{"--addr", "127.0.0.1:0", "--e2b-addr", "127.0.0.1:0", "--tokens-file", tokens, "--state-dir", t.TempDir()},
+			Stdio{In: strings.NewReader(""), Out: io.Discard, Err: &errb})
+	}()
+	var api, e2bURL string
+	deadline := time.Now().Add(20 * time.Second)
+	for api == "" || e2bURL == "" {
+		if m := regexp.MustCompile(`msg="serve: listening" url=(http://127\.0\.0\.1:\d+)`).FindStringSubmatch(errb.String()); m != nil {
+			api = m[1]
+		}
+		if m := regexp.MustCompile(`msg="serve: the E2B API is listening" url=(http://127\.0\.0\.1:\d+)`).FindStringSubmatch(errb.String()); m != nil {
+			e2bURL = m[1]
+		}
+		select {
+		case code := <-done:
+			t.Fatalf("serve exited %d: %s", code, errb.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("serve did not start: %s", errb.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	req, _ := http.NewRequest("POST", e2bURL+"/v2/sandboxes", strings.NewReader(`{"templateID":"base"}`))
+	req.Header.Set("X-API-KEY", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sb map[string]any
+	json.NewDecoder(resp.Body).Decode(&sb)
+	resp.Body.Close()
+	if resp.StatusCode != 201 || sb["sandboxID"] == nil {
+		t.Fatalf("create: %d %v", resp.StatusCode, sb)
+	}
+	req, _ = http.NewRequest("GET", api+"/v1/sessions/"+sb["sandboxID"].(string), nil)
+	req.Header.Set("Authorization", "Bearer s3cret-token-0123456789")
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("the sandbox on moat's API: %d, want 200 (the same token's session)", resp.StatusCode)
 	}
 	cancel()
 	select {
