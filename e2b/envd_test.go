@@ -107,7 +107,7 @@ func TestCommands(t *testing.T) {
 	if r, err := run(t, cl, cfg); err != nil || !strings.HasSuffix(strings.TrimSpace(r.stdout), "/sub/dir") {
 		t.Errorf("relative cwd: %q, %v", r.stdout, err)
 	}
-	for _, bad := range []string{"/etc", "/home/user/../../etc", "/home/userx"} {
+	for _, bad := range []string{"/etc", "/home/user/../../etc", "/home/userx", "/home/user/missing", "sub/dir/../../nope"} {
 		cfg = bash("pwd")
 		cfg.Cwd = &bad
 		if _, err := run(t, cl, cfg); connect.CodeOf(err) != connect.CodeInvalidArgument {

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"slices"
 	"strings"
@@ -182,9 +183,12 @@ try:
     os.chdir(c["cwd"] or ".")
     env["PWD"] = os.getcwd()
     os.execve(c["cmd"], [c["cmd"]] + c["args"], env)
-except OSError as e:
+except FileNotFoundError as e:
     sys.stderr.write("moat: %%s: %%s\n" %% (c["cmd"], e.strerror))
-    sys.exit(127 if isinstance(e, FileNotFoundError) else 126)
+    sys.exit(127)
+except (OSError, ValueError) as e:
+    sys.stderr.write("moat: %%s: %%s\n" %% (c["cmd"], e))
+    sys.exit(126)
 `
 
 // launchCode returns the run's code for cfg, with envs (the sandbox's)
@@ -263,6 +267,9 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 	if err != nil {
 		return err
 	}
+	if err := ps.checkCwd(ctx, sb, req.Msg.GetProcess().GetCwd()); err != nil {
+		return err
+	}
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	p := &proc{tag: req.Msg.GetTag(), config: req.Msg.GetProcess(), cancel: cancel}
@@ -288,6 +295,31 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 	mu.Lock()
 	defer mu.Unlock()
 	return send(end)
+}
+
+// checkCwd refuses a working directory that is not a directory of the
+// session's, before anything runs, as envd refuses one that is missing.
+func (ps *processService) checkCwd(ctx context.Context, sb *sandbox, cwd string) error {
+	name, err := MapPath(cwd)
+	if err != nil || name == "." {
+		return nil // launchCode has judged it
+	}
+	sess, done, err := ps.s.cfg.Sessions.UseSession(ctx, sb.owner, sb.id)
+	if err != nil {
+		return rpcError(err)
+	}
+	defer done()
+	fi, err := sess.Stat(ctx, name)
+	if err == nil && !fi.IsDir {
+		err = fmt.Errorf("e2b: cwd %s is not a directory: %w", homePath(name), moat.ErrInvalid)
+	}
+	if errors.Is(err, fs.ErrNotExist) {
+		err = fmt.Errorf("e2b: cwd %s does not exist: %w", homePath(name), moat.ErrInvalid)
+	}
+	if err != nil {
+		return fsError(err)
+	}
+	return nil
 }
 
 // endEvent describes how the command ended, as envd does: exited with its

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/net/netutil"
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/e2b"
@@ -183,12 +184,20 @@ func cmdServe(ctx context.Context, args []string, stdio Stdio) int {
 			<-served2
 			return exitFor(stdio, err)
 		}
+		// The server's connection cap and read timeouts hold here too.
+		// Writes have no deadline: a command's output stream lasts as
+		// long as the command, which the level's wall time bounds.
 		e2bSrv = &http.Server{
 			Handler:           api.Handler(),
 			ReadHeaderTimeout: time.Duration(orDefault(cfg.ReadHeaderTimeout, moat.Duration(10*time.Second))),
+			ReadTimeout:       time.Duration(orDefault(cfg.ReadTimeout, moat.Duration(time.Minute))),
 			IdleTimeout:       time.Duration(orDefault(cfg.ConnIdleTimeout, moat.Duration(time.Minute))),
 		}
-		go func() { e2bDone <- e2bSrv.Serve(e2bLn) }()
+		maxConns := cfg.MaxConnections
+		if maxConns == 0 {
+			maxConns = 512
+		}
+		go func() { e2bDone <- e2bSrv.Serve(netutil.LimitListener(e2bLn, maxConns)) }()
 		log.Info("serve: the E2B API is listening", "url", "http://"+e2bLn.Addr().String())
 	}
 	levelNames := make([]string, 0, len(served))
