@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -101,6 +102,9 @@ func TestSDK(t *testing.T) {
 		{"exists", "yes", true},
 		{"exists", "no", false},
 		{"outside", "error", "InvalidArgumentError"},
+		{"background", "stdout", "started\n"},
+		{"background", "end", "CommandExitError -1"},
+		{"after", "stdout", "after\n"},
 		{"listed", "ids", []any{id}},
 		{"kill", "killed", true},
 		{"running", "running", false},
@@ -110,6 +114,9 @@ func TestSDK(t *testing.T) {
 		if !bytes.Equal(got, want) {
 			t.Errorf("%s.%s = %s, want %s", c.step, c.key, got, want)
 		}
+	}
+	if bg := steps["background"]; bg == nil || fmt.Sprint(bg["pids"]) != fmt.Sprintf("[%v]", bg["pid"]) {
+		t.Errorf("commands.list() while a background command ran: %v", bg)
 	}
 	if id == "" {
 		t.Fatalf("no sandbox was created:\n%s\n%s", out, stderr.Bytes())

@@ -43,6 +43,23 @@ try {
   out('outside', { error: e.name })
 }
 
+let sawStart
+const started = new Promise((resolve) => { sawStart = resolve })
+const bg = await sbx.commands.run('echo started; sleep 30', { background: true, onStdout: (d) => d.includes('started') && sawStart() })
+await started
+const running = await sbx.commands.list()
+await bg.kill()
+let bgEnd
+try {
+  await bg.wait()
+  bgEnd = 'exited'
+} catch (e) {
+  bgEnd = e.name + ' ' + e.exitCode
+}
+out('background', { pids: running.map((p) => p.pid), pid: bg.pid, stdout: bg.stdout, end: bgEnd })
+const after = await sbx.commands.run('echo after')
+out('after', { stdout: after.stdout })
+
 const listed = await Sandbox.list({ query: { metadata: { suite: 'moat' } } }).nextItems()
 out('listed', { ids: listed.map((s) => s.sandboxId) })
 
