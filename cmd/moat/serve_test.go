@@ -10,12 +10,15 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/moatsandbox/moat"
 )
 
 // lockedBuffer is a bytes.Buffer safe for the server's logger and the test.
@@ -373,6 +376,127 @@ func TestServeE2B(t *testing.T) {
 			t.Errorf("exit %d after shutdown: %s", code, errb.String())
 		}
 	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+}
+
+// TestServeE2BEveryLevel drives moat serve --levels all with E2B's JS SDK,
+// unchanged, once per level served here, each through a template of the
+// config file's server.e2b_templates. It skips only where node is absent
+// (CI has it, from scripts/setup.sh).
+func TestServeE2BEveryLevel(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI must run as root: the subprocess level needs it")
+		}
+		t.Skip("the subprocess level needs root (CI runs this as root)")
+	}
+	node, err := exec.LookPath("node")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI must have node (scripts/setup.sh installs it)")
+		}
+		t.Skip("node is not installed: the E2B SDK test needs it (scripts/setup.sh installs it)")
+	}
+	sdk := filepath.Join("..", "..", "e2b", "testdata", "sdk-2.51")
+	if _, err := os.Stat(filepath.Join(sdk, "node_modules", "e2b")); err != nil {
+		t.Fatalf("the SDK harness is not installed: run scripts/setup.sh: %v", err)
+	}
+	const key = "e2b_00112233445566778899aabbccddeeff00112233"
+	tokens := writeTokens(t, "alice s3cret-token-0123456789 "+key+"\n", 0o600)
+	templates := map[string]any{}
+	for _, l := range moat.Levels {
+		templates[string(l)] = map[string]string{"level": string(l)}
+	}
+	conf, _ := json.Marshal(map[string]any{"server": map[string]any{"e2b_templates": templates}})
+	confPath := filepath.Join(t.TempDir(), "moat.json")
+	os.WriteFile(confPath, conf, 0o600)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var errb lockedBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- cmdServe(ctx, []string{"--config", confPath, "--levels", "all", "--addr", "127.0.0.1:0", "--e2b-addr", "127.0.0.1:0",
+			"--tokens-file", tokens, "--state-dir", t.TempDir(), "--wall-time", "60s"},
+			Stdio{In: strings.NewReader(""), Out: io.Discard, Err: &errb})
+	}()
+	var api, e2bURL string
+	deadline := time.Now().Add(5 * time.Minute)
+	for api == "" || e2bURL == "" {
+		if m := regexp.MustCompile(`msg="serve: listening" url=(http://127\.0\.0\.1:\d+)`).FindStringSubmatch(errb.String()); m != nil {
+			api = m[1]
+		}
+		if m := regexp.MustCompile(`msg="serve: the E2B API is listening" url=(http://127\.0\.0\.1:\d+)`).FindStringSubmatch(errb.String()); m != nil {
+			e2bURL = m[1]
+		}
+		select {
+		case code := <-done:
+			t.Fatalf("serve exited %d: %s", code, errb.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("serve did not start: %s", errb.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	req, _ := http.NewRequest("GET", api+"/v1/levels", nil)
+	req.Header.Set("Authorization", "Bearer s3cret-token-0123456789")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lv struct {
+		Levels []struct {
+			Level    string `json:"level"`
+			Sessions bool   `json:"sessions"`
+		} `json:"levels"`
+	}
+	json.NewDecoder(resp.Body).Decode(&lv)
+	resp.Body.Close()
+	if len(lv.Levels) == 0 {
+		t.Fatalf("no level served: %s", errb.String())
+	}
+	for _, l := range lv.Levels {
+		if !l.Sessions {
+			continue
+		}
+		t.Run(l.Level, func(t *testing.T) {
+			sctx, scancel := context.WithTimeout(ctx, 5*time.Minute)
+			defer scancel()
+			cmd := exec.CommandContext(sctx, node, "smoke.mjs")
+			cmd.Dir = sdk
+			cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir(), "E2B_API_KEY=" + key,
+				"E2B_API_URL=" + e2bURL, "E2B_SANDBOX_URL=" + e2bURL, "E2B_DOMAIN=moat.invalid", "MOAT_TEMPLATE=" + l.Level}
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			out, err := cmd.Output()
+			if err != nil {
+				t.Fatalf("node smoke.mjs: %v\n%s\n%s", err, out, stderr.Bytes())
+			}
+			for _, want := range []string{
+				`{"step":"run","stdout":"hi\n","stderr":"","exitCode":0}`,
+				`{"step":"exit","exitCode":3,"name":"CommandExitError"}`,
+				`{"step":"cat","stdout":"hello from the sdk"}`,
+				`{"step":"readback","text":"made by bash\n"}`,
+				`{"step":"outside","error":"InvalidArgumentError"}`,
+				`"stdout":"started\n","end":"CommandExitError -1"}`,
+				`{"step":"after","stdout":"after\n"}`,
+				`{"step":"kill","killed":true}`,
+				`{"step":"running","running":false}`,
+			} {
+				if !strings.Contains(string(out), want) {
+					t.Errorf("no %s in:\n%s", want, out)
+				}
+			}
+		})
+	}
+	cancel()
+	select {
+	case code := <-done:
+		if code != exitOK {
+			t.Errorf("exit %d after shutdown: %s", code, errb.String())
+		}
+	case <-time.After(time.Minute):
 		t.Fatal("serve did not stop")
 	}
 }

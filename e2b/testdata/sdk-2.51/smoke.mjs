@@ -1,5 +1,6 @@
 // Drives a moat serve through the unchanged E2B SDK: create, commands.run,
-// files.write and read, list, kill. The Go test TestSDK runs it with
+// files.write and read, background commands, list, kill. The Go tests
+// (e2b's TestSDK, cmd/moat's TestServeE2BEveryLevel) run it with
 // E2B_API_KEY, E2B_API_URL and E2B_SANDBOX_URL pointing at the server and
 // E2B_DOMAIN at a name that does not resolve, and checks what it prints:
 // one JSON line per step.
@@ -7,7 +8,9 @@ import { Sandbox, CommandExitError } from 'e2b'
 
 const out = (step, v) => console.log(JSON.stringify({ step, ...v }))
 
-const sbx = await Sandbox.create({ metadata: { suite: 'moat' } })
+// MOAT_TEMPLATE names the template (cmd/moat's test runs one per level).
+const template = process.env.MOAT_TEMPLATE || 'base'
+const sbx = await Sandbox.create(template, { metadata: { suite: 'moat' } })
 out('create', { id: sbx.sandboxId })
 
 const hi = await sbx.commands.run('echo hi')
