@@ -50,8 +50,11 @@ func (s *Server) controlRoutes() http.Handler {
 	handle("POST /v2/sandboxes/{id}/connect", s.handleConnect)
 	handle("POST /sandboxes/{id}/connect", s.handleConnect)
 	handle("POST /sandboxes/{id}/resume", s.handleConnect)
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		s.writeError(w, r, errorf(http.StatusNotFound, "%s %s is not served by moat", r.Method, r.URL.Path))
+	// The rest of E2B's API (snapshots, forks, templates, volumes, logs)
+	// is not implemented: 501, which the SDKs show with its message, not
+	// a 404 they would take for a missing sandbox.
+	handle("/", func(w http.ResponseWriter, r *http.Request, _ string) error {
+		return errorf(http.StatusNotImplemented, "%s %s is not served by moat (see docs/e2b.md)", r.Method, r.URL.Path)
 	})
 	return mux
 }

@@ -27,6 +27,17 @@ func TestControlPlaneKeys(t *testing.T) {
 	if n := len(ts.srv.Sessions("a")); n != 0 {
 		t.Errorf("a refused create made %d sessions", n)
 	}
+	// The rest of E2B's API is 501 with a message, after the key check.
+	if resp := ts.do(t, "", "POST", "/sandboxes/x/fork", nil, nil); resp.StatusCode != 401 {
+		t.Errorf("fork without a key: %d, want 401", resp.StatusCode)
+	}
+	var body struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	}
+	if resp := ts.do(t, keyA, "POST", "/sandboxes/x/fork", nil, &body); resp.StatusCode != 501 || body.Code != 501 || body.Message == "" {
+		t.Errorf("fork: %d %+v, want 501", resp.StatusCode, body)
+	}
 }
 
 func TestCreateAndGet(t *testing.T) {
