@@ -177,12 +177,30 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, owner stri
 	sb := &sandbox{id: info.ID, owner: owner, template: b.TemplateID, metadata: b.Metadata, envs: b.EnvVars,
 		access: newSecret("ea_"), started: info.CreatedAt}
 	sb.accessSum = sha256.Sum256([]byte(sb.access))
+	s.prune(owner)
 	s.mu.Lock()
 	s.sandboxes[sb.id] = sb
 	s.mu.Unlock()
 	s.log.Info("e2b: sandbox created", "sandbox", sb.id, "owner", owner, "template", b.TemplateID, "level", info.Level, "network", info.Network, "timeout", ttl)
 	writeJSON(w, http.StatusCreated, s.view(sb, info, true))
 	return nil
+}
+
+// prune forgets owner's sandboxes whose sessions have ended (expired, or
+// deleted through moat's own API), so that what this API keeps stays
+// bounded by the token's session cap.
+func (s *Server) prune(owner string) {
+	s.mu.Lock()
+	var mine []*sandbox
+	for _, sb := range s.sandboxes {
+		if sb.owner == owner {
+			mine = append(mine, sb)
+		}
+	}
+	s.mu.Unlock()
+	for _, sb := range mine {
+		s.lookupSandbox(sb.id) // forgets it if its session is gone
+	}
 }
 
 // mine returns owner's sandbox named in the path: another owner's is not

@@ -278,3 +278,31 @@ func TestTimeoutPauseConnectKill(t *testing.T) {
 		t.Errorf("health of a killed sandbox: %d, want 502", r3.StatusCode)
 	}
 }
+
+// A sandbox ends at its timeout, as the session it is: the control plane
+// then says 404, the sandbox side 502.
+func TestTimeoutEnds(t *testing.T) {
+	ts := startServer(t, moat.Limits{}, nil)
+	c := ts.create(t, keyA, map[string]any{"timeout": 1})
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp := ts.do(t, keyA, "GET", "/sandboxes/"+c.SandboxID, nil, nil)
+		if resp.StatusCode == 404 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the sandbox outlived its 1s timeout by 20s: %d", resp.StatusCode)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	resp, err := sandboxClient(c.SandboxID, c.EnvdAccessToken).Get(ts.URL + "/files?path=x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if readAll(t, resp); resp.StatusCode != 502 {
+		t.Errorf("the sandbox side after the timeout: %d, want 502", resp.StatusCode)
+	}
+	if n := len(ts.srv.Sessions("a")); n != 0 {
+		t.Errorf("%d sessions left", n)
+	}
+}

@@ -206,9 +206,11 @@ func (s *Server) ExtendSession(owner, id string, ttl time.Duration) (SessionInfo
 	if time.Duration(ss.rec.IdleTimeout) < ttl {
 		ss.rec.IdleTimeout = moat.Duration(ttl)
 	}
-	rec := ss.rec
+	// Recorded under the lock: an endSession that begins meanwhile
+	// deletes the record after this, never before.
+	err = s.store.put(ss.rec)
 	ss.mu.Unlock()
-	if err := s.store.put(rec); err != nil {
+	if err != nil {
 		return SessionInfo{}, err
 	}
 	return ss.info(), nil
