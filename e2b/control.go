@@ -169,13 +169,13 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, owner stri
 		return errorf(http.StatusBadRequest, "timeout %v must be above zero and at most %v", ttl, s.cfg.Sessions.MaxSessionTTL())
 	}
 	info, err := s.cfg.Sessions.CreateSession(r.Context(), owner, server.SessionSpec{
-		Level: tpl.Level, Network: tpl.Network, TTL: moat.Duration(ttl), IdleTimeout: moat.Duration(ttl),
+		Level: tpl.Level, Network: tpl.Network, TTL: moat.Duration(ttl), IdleTimeout: moat.Duration(ttl), Interpreter: tpl.Interpreter,
 	})
 	if err != nil {
 		return err
 	}
 	sb := &sandbox{id: info.ID, owner: owner, template: b.TemplateID, metadata: b.Metadata, envs: b.EnvVars,
-		access: newSecret("ea_"), started: info.CreatedAt}
+		access: newSecret("ea_"), started: info.CreatedAt, interpreter: tpl.Interpreter}
 	sb.accessSum = sha256.Sum256([]byte(sb.access))
 	s.prune(owner)
 	s.mu.Lock()

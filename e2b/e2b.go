@@ -4,10 +4,11 @@
 // address the operator gives, and changes no code.
 //
 // One listener serves both sides of E2B's API. A request that carries an
-// E2b-Sandbox-Id header is for a sandbox (E2B's in-sandbox daemon, envd, on
-// the port E2b-Sandbox-Port names, 49983): GET /health, GET and POST
-// /files, and the Connect-RPC services process.Process and
-// filesystem.Filesystem, checked against the sandbox's X-Access-Token. Any
+// E2b-Sandbox-Id header is for a sandbox, checked against the sandbox's
+// X-Access-Token: on port 49983 (E2b-Sandbox-Port), E2B's in-sandbox
+// daemon, envd: GET /health, GET and POST /files, and the Connect-RPC
+// services process.Process and filesystem.Filesystem; on port 49999 the
+// code interpreter's POST /execute (runCode) in the default context. Any
 // other request is for the control plane (POST /v2/sandboxes and the
 // rest), checked against its X-API-KEY, an e2b_ key that the tokens file
 // gives a moat token (server.Token.E2BKey).
@@ -20,7 +21,8 @@
 // level or a policy. Paths under /home/user are the session's files: see
 // MapPath. Commands are run as a run of the session whose Python code
 // executes the command (commands.run's bash -c) in the session's
-// directory.
+// directory; code interpreter cells as a run whose runner evaluates the
+// cell's last expression.
 //
 // What is not mapped yet, and the error an SDK shows for it, is in
 // docs/e2b.md.
@@ -38,6 +40,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/moatsandbox/moat"
@@ -61,13 +64,18 @@ type Template struct {
 	// Network is the network profile of its sandboxes; the key's token
 	// must be granted it. Empty means no network.
 	Network string `json:"network,omitempty"`
+	// Interpreter keeps a live interpreter in its sandboxes' sessions, so
+	// that runCode's variables stay from one call to the next (as the
+	// code interpreter's). A run that hits a limit ends it; the files
+	// stay.
+	Interpreter bool `json:"interpreter,omitempty"`
 }
 
 // DefaultTemplates are the templates served when Config.Templates is nil:
 // E2B's default template names ("base" for Sandbox.create(), the code
-// interpreter's "code-interpreter-v1"), at the default level without
-// network.
-var DefaultTemplates = map[string]Template{"base": {}, "code-interpreter-v1": {}}
+// interpreter's "code-interpreter-v1", with a live interpreter), at the
+// default level without network.
+var DefaultTemplates = map[string]Template{"base": {}, "code-interpreter-v1": {Interpreter: true}}
 
 // Config configures a Server.
 type Config struct {
@@ -118,7 +126,11 @@ type sandbox struct {
 	access    string
 	accessSum [32]byte
 	started   time.Time
-	procs     procTable
+	// interpreter says the session keeps a live interpreter: commands
+	// then run as its children, never in its place.
+	interpreter bool
+	procs       procTable
+	executions  atomic.Int64
 }
 
 // New returns a Server over cfg.Sessions.

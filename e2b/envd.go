@@ -84,8 +84,16 @@ func (s *Server) serveSandbox(w http.ResponseWriter, r *http.Request, envd http.
 	}
 	switch port := r.Header.Get("E2b-Sandbox-Port"); port {
 	case EnvdPort, "":
-	case "49999":
-		s.writeError(w, r, errorf(http.StatusNotImplemented, "the code interpreter (port 49999: runCode, contexts) is not served by moat yet"))
+	case InterpreterPort:
+		if !checkAccess(r, sb) {
+			s.writeError(w, r, errorf(http.StatusUnauthorized, "missing or wrong X-Access-Token for sandbox %s", id))
+			return
+		}
+		if r.Method == http.MethodPost && r.URL.Path == "/execute" {
+			s.handleExecute(w, r, sb)
+			return
+		}
+		s.writeError(w, r, errorf(http.StatusNotImplemented, "%s %s of the code interpreter is not served by moat yet (contexts are not): see docs/e2b.md", r.Method, r.URL.Path))
 		return
 	default:
 		s.writeError(w, r, errorf(http.StatusBadGateway, "port %s of sandbox %s is not open: moat serves envd (%s) only", port, id, EnvdPort))

@@ -241,16 +241,25 @@ func TestAccessToken(t *testing.T) {
 	if _, err := run(t, unknown, bash("true")); connect.CodeOf(err) != connect.CodeUnavailable {
 		t.Errorf("unknown sandbox: %v, want unavailable", err)
 	}
-	// The code interpreter's port is not served yet: said plainly.
-	req, _ := http.NewRequest("POST", ts.URL+"/execute", strings.NewReader(`{"code":"1"}`))
-	req.Header.Set("E2b-Sandbox-Id", a.SandboxID)
-	req.Header.Set("E2b-Sandbox-Port", "49999")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if body := readAll(t, resp); resp.StatusCode != 501 || !strings.Contains(body, "code interpreter") {
-		t.Errorf("port 49999: %d %s, want 501", resp.StatusCode, body)
+	// The code interpreter's port needs the token too; its contexts are
+	// not served yet, said plainly.
+	for _, tc := range []struct {
+		token, path string
+		status      int
+	}{{"", "/execute", 401}, {other.EnvdAccessToken, "/execute", 401}, {a.EnvdAccessToken, "/contexts", 501}} {
+		req, _ := http.NewRequest("POST", ts.URL+tc.path, strings.NewReader(`{"code":"1"}`))
+		req.Header.Set("E2b-Sandbox-Id", a.SandboxID)
+		req.Header.Set("E2b-Sandbox-Port", "49999")
+		if tc.token != "" {
+			req.Header.Set("X-Access-Token", tc.token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if body := readAll(t, resp); resp.StatusCode != tc.status || !strings.Contains(body, "e2b: ") {
+			t.Errorf("port 49999 %s: %d %s, want %d", tc.path, resp.StatusCode, body, tc.status)
+		}
 	}
 }
 

@@ -191,9 +191,41 @@ except (OSError, ValueError) as e:
     sys.exit(126)
 `
 
+// childLauncher is launcher for a session with a live interpreter, which
+// must outlive the command: it runs the command as its child (input
+// closed) and exits with its status, as the live interpreter reports a
+// SystemExit. HOME is moat's, the session's directory, whatever a cell did
+// with the interpreter's own working directory.
+const childLauncher = `def _moat_child(c):
+    import base64, json, os, subprocess, sys
+    c = json.loads(base64.b64decode(c))
+    home = os.environ.get("HOME") or os.getcwd()
+    env = dict(os.environ)
+    env["HOME"] = home
+    env.update(c["envs"])
+    cwd = os.path.normpath(os.path.join(home, c["cwd"] or "."))
+    env["PWD"] = cwd
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        r = subprocess.run([c["cmd"]] + c["args"], cwd=cwd, env=env, stdin=subprocess.DEVNULL)
+    except FileNotFoundError as e:
+        sys.stderr.write("moat: %%s: %%s\n" %% (c["cmd"], e.strerror))
+        raise SystemExit(127)
+    except (OSError, ValueError) as e:
+        sys.stderr.write("moat: %%s: %%s\n" %% (c["cmd"], e))
+        raise SystemExit(126)
+    raise SystemExit(r.returncode if r.returncode >= 0 else 128 - r.returncode)
+try:
+    _moat_child(%q)
+finally:
+    del _moat_child
+`
+
 // launchCode returns the run's code for cfg, with envs (the sandbox's)
-// under the command's own variables. cwd maps as MapPath does.
-func launchCode(cfg *process.ProcessConfig, envs map[string]string) ([]byte, error) {
+// under the command's own variables: launcher, or childLauncher when the
+// session keeps a live interpreter. cwd maps as MapPath does.
+func launchCode(cfg *process.ProcessConfig, envs map[string]string, interpreter bool) ([]byte, error) {
 	if cfg == nil || cfg.GetCmd() == "" {
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("e2b: the process has no cmd"))
 	}
@@ -221,7 +253,11 @@ func launchCode(cfg *process.ProcessConfig, envs map[string]string) ([]byte, err
 	if err != nil {
 		return nil, err
 	}
-	return fmt.Appendf(nil, launcher, base64.StdEncoding.EncodeToString(j)), nil
+	tmpl := launcher
+	if interpreter {
+		tmpl = childLauncher
+	}
+	return fmt.Appendf(nil, tmpl, base64.StdEncoding.EncodeToString(j)), nil
 }
 
 // streamWriter turns a run's output into data events on the stream and to
@@ -263,7 +299,7 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 	if req.Msg.GetStdin() {
 		return unimplemented("stdin to a command is not supported by moat yet: start it with stdin false")
 	}
-	code, err := launchCode(req.Msg.GetProcess(), sb.envs)
+	code, err := launchCode(req.Msg.GetProcess(), sb.envs, sb.interpreter)
 	if err != nil {
 		return err
 	}

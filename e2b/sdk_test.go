@@ -125,3 +125,53 @@ func TestSDK(t *testing.T) {
 		t.Errorf("%d sessions left after the SDK's kill", n)
 	}
 }
+
+// TestCodeInterpreterSDK drives a real server with @e2b/code-interpreter,
+// unchanged: runCode's main result, output, errors and variables kept
+// from one call to the next, with commands and files in the same sandbox.
+func TestCodeInterpreterSDK(t *testing.T) {
+	dir := filepath.Join("testdata", "sdk-2.51")
+	node := nodeFor(t, dir)
+	ts := startServer(t, moat.Limits{}, nil)
+	out := runNode(t, node, dir, "interp.mjs", ts.URL)
+	for _, want := range []string{
+		`{"step":"first","text":"42","stdout":["printed\n"],"stderr":[],"error":null}`,
+		`{"step":"kept","text":"43"}`,
+		`{"step":"error","name":"ZeroDivisionError","value":"division by zero","traceback":true,"stderr":["to stderr\n"]}`,
+		`{"step":"stream","lines":["0\n","1\n","2\n"]}`,
+		`{"step":"none","text":null,"results":0}`,
+		`{"step":"files","text":"'from the files api'"}`,
+		`{"step":"command","stdout":"from bash\ndata.txt\n"}`,
+		`{"step":"after","text":"42"}`,
+		`{"step":"kill","killed":true}`,
+	} {
+		if !strings.Contains(out, want+"\n") {
+			t.Errorf("no %s in:\n%s", want, out)
+		}
+	}
+	if n := len(ts.srv.Sessions("a")); n != 0 {
+		t.Errorf("%d sessions left after the SDK's kill", n)
+	}
+}
+
+// runNode runs script in dir with the SDK pointed at url, and returns what
+// it printed.
+func runNode(t *testing.T, node, dir, script, url string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, script)
+	cmd.Dir = dir
+	cmd.Env = []string{
+		"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir(),
+		"E2B_API_KEY=" + keyA, "E2B_API_URL=" + url, "E2B_SANDBOX_URL=" + url,
+		"E2B_DOMAIN=moat.invalid",
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("node %s: %v\nstdout:\n%s\nstderr:\n%s", script, err, out, stderr.Bytes())
+	}
+	return string(out)
+}

@@ -406,7 +406,8 @@ func TestServeE2BEveryLevel(t *testing.T) {
 	tokens := writeTokens(t, "alice s3cret-token-0123456789 "+key+"\n", 0o600)
 	templates := map[string]any{}
 	for _, l := range moat.Levels {
-		templates[string(l)] = map[string]string{"level": string(l)}
+		templates[string(l)] = map[string]any{"level": string(l)}
+		templates[string(l)+"-interpreter"] = map[string]any{"level": string(l), "interpreter": true}
 	}
 	conf, _ := json.Marshal(map[string]any{"server": map[string]any{"e2b_templates": templates}})
 	confPath := filepath.Join(t.TempDir(), "moat.json")
@@ -472,6 +473,19 @@ func TestServeE2BEveryLevel(t *testing.T) {
 			out, err := cmd.Output()
 			if err != nil {
 				t.Fatalf("node smoke.mjs: %v\n%s\n%s", err, out, stderr.Bytes())
+			}
+			// The code interpreter, with a live interpreter.
+			icmd := exec.CommandContext(sctx, node, "interp.mjs")
+			icmd.Dir, icmd.Env = sdk, append(cmd.Env[:len(cmd.Env):len(cmd.Env)], "MOAT_TEMPLATE="+l.Level+"-interpreter")
+			iout, err := icmd.Output()
+			if err != nil {
+				t.Fatalf("node interp.mjs: %v\n%s", err, iout)
+			}
+			for _, want := range []string{`{"step":"first","text":"42","stdout":["printed\n"],"stderr":[],"error":null}`,
+				`{"step":"kept","text":"43"}`, `{"step":"after","text":"42"}`, `"name":"ZeroDivisionError"`} {
+				if !strings.Contains(string(iout), want) {
+					t.Errorf("no %s in:\n%s", want, iout)
+				}
 			}
 			for _, want := range []string{
 				`{"step":"run","stdout":"hi\n","stderr":"","exitCode":0}`,
