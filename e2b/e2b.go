@@ -91,6 +91,12 @@ type Config struct {
 	// MaxFileBytes caps one uploaded file. Zero means 16MiB; the level's
 	// own file size and disk limits apply as well.
 	MaxFileBytes moat.Bytes
+	// WriteTimeout is the longest one write of an answer may wait for a
+	// client that does not read (a command's or a cell's output above
+	// all); the client is then dropped as gone and the command or cell it
+	// was for is ended. It is set anew before each write, so a long
+	// stream that keeps moving is not cut. Zero means 30s.
+	WriteTimeout moat.Duration
 	// Logger gets one line per sandbox event. Nil means discard.
 	Logger *slog.Logger
 }
@@ -144,6 +150,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxFileBytes == 0 {
 		cfg.MaxFileBytes = 16 << 20
 	}
+	if cfg.WriteTimeout == 0 {
+		cfg.WriteTimeout = moat.Duration(30 * time.Second)
+	}
 	s := &Server{cfg: cfg, log: cfg.Logger, sandboxes: map[string]*sandbox{}}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -167,7 +176,8 @@ func (s *Server) Handler() http.Handler { return s.handler }
 func (s *Server) routes() http.Handler {
 	control := s.controlRoutes()
 	envd := s.envdRoutes()
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		w := newDeadlineWriter(rw, time.Duration(s.cfg.WriteTimeout))
 		if r.Header.Get("E2b-Sandbox-Id") != "" {
 			s.serveSandbox(w, r, envd)
 			return
@@ -274,3 +284,33 @@ func homePath(name string) string {
 	}
 	return Home + "/" + strings.TrimPrefix(name, "/")
 }
+
+// deadlineWriter sets the connection's write deadline to timeout from now
+// before each write and flush, so that a client that stops reading fails
+// the write after timeout instead of holding the handler (and the command
+// it streams) for ever. A write that fails makes net/http cancel the
+// request's context, which ends the run.
+type deadlineWriter struct {
+	http.ResponseWriter
+	rc      *http.ResponseController
+	timeout time.Duration
+}
+
+func newDeadlineWriter(w http.ResponseWriter, timeout time.Duration) *deadlineWriter {
+	return &deadlineWriter{ResponseWriter: w, rc: http.NewResponseController(w), timeout: timeout}
+}
+
+func (w *deadlineWriter) Write(p []byte) (int, error) {
+	w.rc.SetWriteDeadline(time.Now().Add(w.timeout))
+	return w.ResponseWriter.Write(p)
+}
+
+// FlushError is what http.ResponseController.Flush calls.
+func (w *deadlineWriter) FlushError() error {
+	w.rc.SetWriteDeadline(time.Now().Add(w.timeout))
+	return w.rc.Flush()
+}
+
+func (w *deadlineWriter) Flush() { w.FlushError() }
+
+func (w *deadlineWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"mime/multipart"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -19,6 +21,7 @@ import (
 	"github.com/moatsandbox/moat/e2b/internal/envd/filesystem/filesystemconnect"
 	"github.com/moatsandbox/moat/e2b/internal/envd/process"
 	"github.com/moatsandbox/moat/e2b/internal/envd/process/processconnect"
+	"github.com/moatsandbox/moat/server"
 )
 
 // clients are a sandbox's Connect clients, speaking JSON as the SDKs do.
@@ -417,5 +420,52 @@ func TestMapPath(t *testing.T) {
 		if got, err := e2b.MapPath(in); !errors.Is(err, moat.ErrInvalid) {
 			t.Errorf("MapPath(%q) = %q, %v; want ErrInvalid", in, got, err)
 		}
+	}
+}
+
+// A client that stops reading a command's output is dropped after the
+// write timeout, and the command ends with it, long before the wall time:
+// it holds no run slot and no session for ever.
+func TestSlowClientEndsCommand(t *testing.T) {
+	wall := 60 * time.Second
+	ts := startServer(t, moat.Limits{WallTime: moat.Duration(wall), Output: 256 * moat.MiB}, func(_ *server.Config, c *e2b.Config) {
+		c.WriteTimeout = moat.Duration(300 * time.Millisecond)
+	})
+	c := ts.create(t, keyA, nil)
+	cl := ts.clients(c.SandboxID, c.EnvdAccessToken)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(ts.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.(*net.TCPConn).SetReadBuffer(4096)
+	msg := []byte(`{"process":{"cmd":"/bin/bash","args":["-c","yes aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"]}}`)
+	body := append([]byte{0, 0, 0, 0, byte(len(msg))}, msg...)
+	fmt.Fprintf(conn, "POST /process.Process/Start HTTP/1.1\r\nHost: x\r\nContent-Type: application/connect+json\r\nConnect-Protocol-Version: 1\r\n"+
+		"E2b-Sandbox-Id: %s\r\nE2b-Sandbox-Port: 49983\r\nX-Access-Token: %s\r\nContent-Length: %d\r\n\r\n", c.SandboxID, c.EnvdAccessToken, len(body))
+	conn.Write(body)
+	// It starts, then its client reads nothing more.
+	ctx := context.Background()
+	deadline := time.Now().Add(wall / 2)
+	started := false
+	for {
+		list, err := cl.proc.List(ctx, connect.NewRequest(&process.ListRequest{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := len(list.Msg.GetProcesses())
+		if n > 0 {
+			started = true
+		}
+		if started && n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a command whose client stopped reading still runs after half its wall time (started %v)", started)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if r, err := run(t, cl, bash("echo next")); err != nil || r.stdout != "next\n" {
+		t.Errorf("the next command: %+v, %v", r, err)
 	}
 }

@@ -178,15 +178,14 @@ func cmdServe(ctx context.Context, args []string, stdio Stdio) int {
 	var e2bSrv *http.Server
 	e2bDone := make(chan error, 1)
 	if e2bLn != nil {
-		api, err := e2b.New(e2b.Config{Sessions: srv, Tokens: tokens, Templates: sc.E2BTemplates, MaxFileBytes: cfg.MaxFileBytes, Logger: log})
+		api, err := e2b.New(e2b.Config{Sessions: srv, Tokens: tokens, Templates: sc.E2BTemplates, MaxFileBytes: cfg.MaxFileBytes, WriteTimeout: cfg.WriteTimeout, Logger: log})
 		if err != nil {
 			srv.Close()
 			<-served2
 			return exitFor(stdio, err)
 		}
-		// The server's connection cap and read timeouts hold here too.
-		// Writes have no deadline: a command's output stream lasts as
-		// long as the command, which the level's wall time bounds.
+		// The server's connection cap, read timeouts and write timeout
+		// (per write, in e2b) hold here too.
 		e2bSrv = &http.Server{
 			Handler:           api.Handler(),
 			ReadHeaderTimeout: time.Duration(orDefault(cfg.ReadHeaderTimeout, moat.Duration(10*time.Second))),
