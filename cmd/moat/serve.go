@@ -214,16 +214,23 @@ func cmdServe(ctx context.Context, args []string, stdio Stdio) int {
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), time.Duration(shutdownWait))
 	defer cancel()
+	e2bStopped := make(chan struct{})
 	if e2bSrv != nil {
-		// Its commands are runs of the server's sessions: they end with
-		// them, in srv.Shutdown.
-		go e2bSrv.Shutdown(sctx)
+		// The E2B API's commands are runs of the server's sessions: they
+		// get the same wait, then their connections are closed, which
+		// cancels them, so that srv.Shutdown can end or suspend their
+		// sessions.
+		go func() {
+			e2bSrv.Shutdown(sctx)
+			e2bSrv.Close()
+			<-e2bDone
+			close(e2bStopped)
+		}()
+	} else {
+		close(e2bStopped)
 	}
 	err = srv.Shutdown(sctx)
-	if e2bSrv != nil {
-		e2bSrv.Close()
-		<-e2bDone
-	}
+	<-e2bStopped
 	<-served2
 	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return exitFor(stdio, fmt.Errorf("serve: shutdown: %w", err))

@@ -514,3 +514,79 @@ func TestServeE2BEveryLevel(t *testing.T) {
 		t.Fatal("serve did not stop")
 	}
 }
+
+// TestServeE2BShutdownCommand stops moat serve (on_idle suspend) while an
+// E2B command runs: the command gets the shutdown wait, then it is
+// cancelled and its session suspended, long before the command would end.
+func TestServeE2BShutdownCommand(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI must run as root: the subprocess level needs it")
+		}
+		t.Skip("the subprocess level needs root (CI runs this as root)")
+	}
+	const key = "e2b_00112233445566778899aabbccddeeff00112233"
+	const sleep = 50 * time.Second
+	tokens := writeTokens(t, "alice s3cret-token-0123456789 "+key+"\n", 0o600)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var errb lockedBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- cmdServe(ctx, []string{"--addr", "127.0.0.1:0", "--e2b-addr", "127.0.0.1:0", "--tokens-file", tokens, "--state-dir", t.TempDir(),
+			"--on-idle", "suspend", "--shutdown-timeout", "1s", "--wall-time", "60s"},
+			Stdio{In: strings.NewReader(""), Out: io.Discard, Err: &errb})
+	}()
+	var e2bURL string
+	for deadline := time.Now().Add(20 * time.Second); e2bURL == ""; time.Sleep(20 * time.Millisecond) {
+		if m := regexp.MustCompile(`msg="serve: the E2B API is listening" url=(http://127\.0\.0\.1:\d+)`).FindStringSubmatch(errb.String()); m != nil {
+			e2bURL = m[1]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("serve did not start: %s", errb.String())
+		}
+	}
+	req, _ := http.NewRequest("POST", e2bURL+"/v2/sandboxes", strings.NewReader(`{}`))
+	req.Header.Set("X-API-KEY", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sb struct{ SandboxID, EnvdAccessToken string }
+	json.NewDecoder(resp.Body).Decode(&sb)
+	resp.Body.Close()
+	msg := []byte(fmt.Sprintf(`{"process":{"cmd":"/bin/bash","args":["-c","echo started; sleep %d"]}}`, int(sleep.Seconds())))
+	req, _ = http.NewRequest("POST", e2bURL+"/process.Process/Start", bytes.NewReader(append([]byte{0, 0, 0, 0, byte(len(msg))}, msg...)))
+	req.Header.Set("Content-Type", "application/connect+json")
+	req.Header.Set("E2b-Sandbox-Id", sb.SandboxID)
+	req.Header.Set("X-Access-Token", sb.EnvdAccessToken)
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	// Wait for its output, then stop the server as SIGTERM does.
+	buf := make([]byte, 4096)
+	var got []byte
+	for !bytes.Contains(got, []byte(`"stdout"`)) {
+		n, err := resp.Body.Read(buf)
+		got = append(got, buf[:n]...)
+		if err != nil {
+			t.Fatalf("the command's stream: %v: %q", err, got)
+		}
+	}
+	start := time.Now()
+	cancel()
+	select {
+	case code := <-done:
+		if code != exitOK {
+			t.Errorf("exit %d after shutdown: %s", code, errb.String())
+		}
+	case <-time.After(sleep / 2):
+		t.Fatalf("serve still stopping after half the command's length: %s", errb.String())
+	}
+	if !strings.Contains(errb.String(), `msg="session suspended"`) {
+		t.Errorf("the session was not suspended at shutdown: %s", errb.String())
+	}
+	t.Logf("stopped in %v", time.Since(start))
+}
