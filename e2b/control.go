@@ -154,12 +154,12 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, owner stri
 	if b.AutoPause != nil && *b.AutoPause {
 		return errorf(http.StatusBadRequest, "onTimeout pause is not supported by moat: a sandbox ends at its timeout; pause it before")
 	}
-	if b.AllowInternetAccess != nil && *b.AllowInternetAccess != (tpl.Network != "") {
-		have := "no network"
-		if tpl.Network != "" {
-			have = fmt.Sprintf("network profile %q", tpl.Network)
-		}
-		return errorf(http.StatusBadRequest, "allowInternetAccess %v does not match template %q, which has %s: the operator chooses a template's network", *b.AllowInternetAccess, b.TemplateID, have)
+	// The network is the template's. Asking for none where the template
+	// has some is a protection moat cannot give: refused. Asking for the
+	// internet (older SDKs always do) where the template has none gets
+	// none: more isolation than asked, never less.
+	if b.AllowInternetAccess != nil && !*b.AllowInternetAccess && tpl.Network != "" {
+		return errorf(http.StatusBadRequest, "allowInternetAccess false: template %q has network profile %q, which the operator chose: use a template without network", b.TemplateID, tpl.Network)
 	}
 	ttl := defaultTimeout
 	if b.Timeout != nil {

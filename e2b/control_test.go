@@ -74,7 +74,6 @@ func TestCreateRefusals(t *testing.T) {
 		body map[string]any
 	}{
 		{"unknown template", map[string]any{"templateID": "no-such-template"}},
-		{"internet asked, template has none", map[string]any{"templateID": "base", "allow_internet_access": true}},
 		{"a network policy of its own", map[string]any{"templateID": "base", "network": map[string]any{"allowOut": []string{"0.0.0.0/0"}}}},
 		{"pause on timeout", map[string]any{"templateID": "base", "autoPause": true}},
 		{"timeout over the maximum", map[string]any{"templateID": "base", "timeout": 9 * 3600}},
@@ -91,8 +90,13 @@ func TestCreateRefusals(t *testing.T) {
 	if n := len(ts.srv.Sessions("a")); n != 0 {
 		t.Errorf("refused creates made %d sessions", n)
 	}
-	// allow_internet_access false matches a template without network.
+	// allow_internet_access false matches a template without network;
+	// true (older SDKs always send it) gets the template's: none.
 	ts.create(t, keyA, map[string]any{"templateID": "base", "allow_internet_access": false})
+	c := ts.create(t, keyA, map[string]any{"templateID": "base", "allow_internet_access": true})
+	if info, _ := ts.srv.Session("a", c.SandboxID); info.Network != "" {
+		t.Errorf("allow_internet_access true gave network profile %q", info.Network)
+	}
 }
 
 func TestTemplatesFromConfig(t *testing.T) {
@@ -119,6 +123,13 @@ func TestTemplateNetworkGrant(t *testing.T) {
 	}
 	if resp := ts2.do(t, keyA, "POST", "/v2/sandboxes", map[string]any{"templateID": "net", "allow_internet_access": true}, nil); resp.StatusCode != 201 {
 		t.Errorf("a, granted pypi: %d, want 201", resp.StatusCode)
+	}
+	// No network asked of a template with some: refused, not ignored.
+	if resp := ts2.do(t, keyA, "POST", "/v2/sandboxes", map[string]any{"templateID": "net", "allow_internet_access": false}, nil); resp.StatusCode != 400 {
+		t.Errorf("allow_internet_access false on a networked template: %d, want 400", resp.StatusCode)
+	}
+	if n := len(ts2.srv.Sessions("a")); n != 1 {
+		t.Errorf("a has %d sessions, want the one created", n)
 	}
 }
 

@@ -53,26 +53,20 @@ func nodeFor(t *testing.T, dir string) string {
 // write and read, list with a metadata filter, kill. E2B_DOMAIN names a
 // domain that cannot resolve, so no call can leave the machine.
 func TestSDK(t *testing.T) {
-	dir := filepath.Join("testdata", "sdk-2.51")
+	for _, v := range sdkVersions {
+		t.Run(v, func(t *testing.T) { testSDK(t, filepath.Join("testdata", v)) })
+	}
+}
+
+// sdkVersions are the SDK harnesses under testdata, each a lockfile that
+// pins e2b and @e2b/code-interpreter; the scripts in testdata/scripts run
+// against each.
+var sdkVersions = []string{"sdk-2.51", "sdk-2.45"}
+
+func testSDK(t *testing.T, dir string) {
 	node := nodeFor(t, dir)
 	ts := startServer(t, moat.Limits{}, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, node, "smoke.mjs")
-	cmd.Dir = dir
-	// Only what the SDK needs: nothing of the test's own environment (an
-	// E2B_API_KEY of the developer's above all).
-	cmd.Env = []string{
-		"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir(),
-		"E2B_API_KEY=" + keyA, "E2B_API_URL=" + ts.URL, "E2B_SANDBOX_URL=" + ts.URL,
-		"E2B_DOMAIN=moat.invalid",
-	}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("node smoke.mjs: %v\nstdout:\n%s\nstderr:\n%s", err, out, stderr.Bytes())
-	}
+	out := []byte(runNode(t, node, dir, "smoke.mjs", ts.URL))
 	steps := map[string]map[string]any{}
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	for sc.Scan() {
@@ -119,7 +113,7 @@ func TestSDK(t *testing.T) {
 		t.Errorf("commands.list() while a background command ran: %v", bg)
 	}
 	if id == "" {
-		t.Fatalf("no sandbox was created:\n%s\n%s", out, stderr.Bytes())
+		t.Fatalf("no sandbox was created:\n%s", out)
 	}
 	if n := len(ts.srv.Sessions("a")); n != 0 {
 		t.Errorf("%d sessions left after the SDK's kill", n)
@@ -130,7 +124,12 @@ func TestSDK(t *testing.T) {
 // unchanged: runCode's main result, output, errors and variables kept
 // from one call to the next, with commands and files in the same sandbox.
 func TestCodeInterpreterSDK(t *testing.T) {
-	dir := filepath.Join("testdata", "sdk-2.51")
+	for _, v := range sdkVersions {
+		t.Run(v, func(t *testing.T) { testCodeInterpreterSDK(t, filepath.Join("testdata", v)) })
+	}
+}
+
+func testCodeInterpreterSDK(t *testing.T, dir string) {
 	node := nodeFor(t, dir)
 	ts := startServer(t, moat.Limits{}, nil)
 	out := runNode(t, node, dir, "interp.mjs", ts.URL)
@@ -154,10 +153,29 @@ func TestCodeInterpreterSDK(t *testing.T) {
 	}
 }
 
-// runNode runs script in dir with the SDK pointed at url, and returns what
-// it printed.
-func runNode(t *testing.T, node, dir, script, url string) string {
+// runNode runs testdata/scripts/<script> against the SDKs of the harness
+// sdk (a directory of testdata), pointed at url, and returns what it
+// printed. The script runs from a directory of its own whose node_modules
+// is the harness's, so that one script serves every harness. Only what
+// the SDK needs is in its environment: nothing of the test's own (an
+// E2B_API_KEY of the developer's above all).
+func runNode(t *testing.T, node, sdk, script, url string) string {
 	t.Helper()
+	mods, err := filepath.Abs(filepath.Join(sdk, "node_modules"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.Symlink(mods, filepath.Join(dir, "node_modules")); err != nil {
+		t.Fatal(err)
+	}
+	src, err := os.ReadFile(filepath.Join("testdata", "scripts", script))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, script), src, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, node, script)

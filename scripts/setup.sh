@@ -45,8 +45,10 @@ fi
 # The E2B SDKs that package e2b's tests drive, as their lockfile pins them
 # (they need node >= 20.18.1: Debian 12's own nodejs, 18.20, is too old).
 if command -v npm >/dev/null; then
-	say "installing the E2B SDKs for the e2b tests (e2b/testdata/sdk-2.51)"
-	npm ci --prefix e2b/testdata/sdk-2.51 --no-audit --no-fund --loglevel=error >/dev/null
+	for sdk in e2b/testdata/sdk-*/; do
+		say "installing the E2B SDKs for the e2b tests ($sdk)"
+		npm ci --prefix "$sdk" --no-audit --no-fund --loglevel=error >/dev/null
+	done
 fi
 
 say "building bin/moat"

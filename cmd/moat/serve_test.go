@@ -399,8 +399,23 @@ func TestServeE2BEveryLevel(t *testing.T) {
 		t.Skip("node is not installed: the E2B SDK test needs it (scripts/setup.sh installs it)")
 	}
 	sdk := filepath.Join("..", "..", "e2b", "testdata", "sdk-2.51")
+	scripts := filepath.Join("..", "..", "e2b", "testdata", "scripts")
 	if _, err := os.Stat(filepath.Join(sdk, "node_modules", "e2b")); err != nil {
 		t.Fatalf("the SDK harness is not installed: run scripts/setup.sh: %v", err)
+	}
+	// The scripts run from a directory whose node_modules is the
+	// harness's (as e2b's tests run them).
+	dir := t.TempDir()
+	mods, _ := filepath.Abs(filepath.Join(sdk, "node_modules"))
+	if err := os.Symlink(mods, filepath.Join(dir, "node_modules")); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"smoke.mjs", "interp.mjs"} {
+		src, err := os.ReadFile(filepath.Join(scripts, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(dir, name), src, 0o600)
 	}
 	const key = "e2b_00112233445566778899aabbccddeeff00112233"
 	tokens := writeTokens(t, "alice s3cret-token-0123456789 "+key+"\n", 0o600)
@@ -465,7 +480,7 @@ func TestServeE2BEveryLevel(t *testing.T) {
 			sctx, scancel := context.WithTimeout(ctx, 5*time.Minute)
 			defer scancel()
 			cmd := exec.CommandContext(sctx, node, "smoke.mjs")
-			cmd.Dir = sdk
+			cmd.Dir = dir
 			cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir(), "E2B_API_KEY=" + key,
 				"E2B_API_URL=" + e2bURL, "E2B_SANDBOX_URL=" + e2bURL, "E2B_DOMAIN=moat.invalid", "MOAT_TEMPLATE=" + l.Level}
 			var stderr bytes.Buffer
@@ -476,7 +491,7 @@ func TestServeE2BEveryLevel(t *testing.T) {
 			}
 			// The code interpreter, with a live interpreter.
 			icmd := exec.CommandContext(sctx, node, "interp.mjs")
-			icmd.Dir, icmd.Env = sdk, append(cmd.Env[:len(cmd.Env):len(cmd.Env)], "MOAT_TEMPLATE="+l.Level+"-interpreter")
+			icmd.Dir, icmd.Env = dir, append(cmd.Env[:len(cmd.Env):len(cmd.Env)], "MOAT_TEMPLATE="+l.Level+"-interpreter")
 			iout, err := icmd.Output()
 			if err != nil {
 				t.Fatalf("node interp.mjs: %v\n%s", err, iout)

@@ -1,6 +1,7 @@
 // Drives a moat serve through the unchanged E2B SDK: create, commands.run,
 // files.write and read, background commands, list, kill. The Go tests
-// (e2b's TestSDK, cmd/moat's TestServeE2BEveryLevel) run it with
+// (e2b's TestSDK, once per SDK harness, and cmd/moat's
+// TestServeE2BEveryLevel) run it with
 // E2B_API_KEY, E2B_API_URL and E2B_SANDBOX_URL pointing at the server and
 // E2B_DOMAIN at a name that does not resolve, and checks what it prints:
 // one JSON line per step.
