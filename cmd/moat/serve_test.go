@@ -164,7 +164,7 @@ func TestServeProfileErrors(t *testing.T) {
 		{"line names one of two undefined", "alice s3cret-token-0123456789 pypi,github\n", true, `network profile "github", which`},
 		{"JSON names an undefined profile", `[{"name": "alice", "token": "s3cret-token-0123456789", "network_profiles": ["github"]}]`, true, `network profile "github", which`},
 		{"empty profile name", "alice s3cret-token-0123456789 pypi,,github\n", true, `an empty name in the network profiles`},
-		{"too many fields", "alice s3cret-token-0123456789 pypi github\n", true, `want "NAME TOKEN" or "NAME TOKEN PROFILE,..."`},
+		{"too many fields", "alice s3cret-token-0123456789 pypi github\n", true, `want "NAME TOKEN [PROFILE,...] [e2b_KEY]"`},
 		// The control: with the profile defined, startup goes on to the
 		// address, which fails.
 		{"defined profile", "alice s3cret-token-0123456789 pypi\n", true, `notaport`},
