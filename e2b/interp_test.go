@@ -13,7 +13,7 @@ import (
 
 // execute posts a cell to the code interpreter's port and returns its
 // NDJSON objects, failing on a blank or malformed line.
-func execute(t *testing.T, ts *testServer, c created, body map[string]any) (int, []map[string]any) {
+func execute(t testing.TB, ts *testServer, c created, body map[string]any) (int, []map[string]any) {
 	t.Helper()
 	b, _ := json.Marshal(body)
 	req, _ := http.NewRequest("POST", ts.URL+"/execute", strings.NewReader(string(b)))
