@@ -91,6 +91,17 @@ func cmdServe(ctx context.Context, args []string, stdio Stdio) int {
 	if err != nil {
 		return exitFor(stdio, fmt.Errorf("serve: %w: %w", err, moat.ErrInvalid))
 	}
+	// A template must name what is served: found at startup, not by the
+	// first create.
+	for _, name := range slices.Sorted(maps.Keys(sc.E2BTemplates)) {
+		tpl := sc.E2BTemplates[name]
+		if tpl.Level != "" && !slices.Contains(served, tpl.Level) {
+			return exitFor(stdio, fmt.Errorf("serve: e2b template %q: level %s is not served (--levels): %w", name, tpl.Level, moat.ErrInvalid))
+		}
+		if _, ok := fc.NetworkProfiles[tpl.Network]; tpl.Network != "" && !ok {
+			return exitFor(stdio, fmt.Errorf("serve: e2b template %q: network profile %q is not defined in network_profiles: %w", name, tpl.Network, moat.ErrInvalid))
+		}
+	}
 	// Validate everything but the sandboxes before opening any.
 	probe := cfg
 	probe.Sandboxes = map[moat.Level]moat.Sandbox{fc.Level: noSandbox{}}

@@ -70,6 +70,8 @@ func TestServeBadInput(t *testing.T) {
 		{"e2b without an e2b key", []string{"--tokens-file", good, "--e2b-addr", "127.0.0.1:0"}},
 		{"malformed e2b key", []string{"--tokens-file", writeTokens(t, "alice s3cret-token-0123456789 e2b_XYZ\n", 0o600), "--e2b-addr", "127.0.0.1:0"}},
 		{"e2b key shared by two tokens", []string{"--tokens-file", writeTokens(t, "alice s3cret-token-0123456789 e2b_00112233445566778899aabbccddeeff00112233\nbob s3cret-token-9876543210 e2b_00112233445566778899aabbccddeeff00112233\n", 0o600), "--e2b-addr", "127.0.0.1:0"}},
+		{"e2b template of a level not served", []string{"--addr", "127.0.0.1:0", "--tokens-file", good, "--config", writeConfig(t, `{"server": {"e2b_templates": {"x": {"level": "gvisor"}}}}`), "--levels", "subprocess"}},
+		{"e2b template of an undefined profile", []string{"--addr", "127.0.0.1:0", "--tokens-file", good, "--config", writeConfig(t, `{"server": {"e2b_templates": {"x": {"network": "nope"}}}}`)}},
 		{"bad e2b address", []string{"--tokens-file", writeTokens(t, "alice s3cret-token-0123456789 e2b_00112233445566778899aabbccddeeff00112233\n", 0o600), "--e2b-addr", "127.0.0.1:notaport"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -605,3 +607,4 @@ func TestServeE2BShutdownCommand(t *testing.T) {
 	}
 	t.Logf("stopped in %v", time.Since(start))
 }
+
