@@ -607,4 +607,3 @@ func TestServeE2BShutdownCommand(t *testing.T) {
 	}
 	t.Logf("stopped in %v", time.Since(start))
 }
-
