@@ -5,7 +5,8 @@
 #   1. the base packages: python3 (the interpreter the sandboxes run) and
 #      python3-pip (pip install through the egress proxy at the subprocess
 #      level, which runs the host's python3; the image has its own),
-#      util-linux (prlimit, setpriv), Node.js and npm (the MCP client test);
+#      util-linux (prlimit, setpriv), Node.js and npm (the MCP client test,
+#      and the E2B SDKs that the e2b tests drive, installed from their lockfile);
 #   2. each level's own set-up, where its script exists: Docker and the
 #      shared image (setup-docker.sh), runsc (setup-gvisor.sh), QEMU and the
 #      guest kernel (setup-microvm.sh);
@@ -39,6 +40,15 @@ if [ ${#pkgs[@]} -gt 0 ]; then
 	export DEBIAN_FRONTEND=noninteractive
 	apt-get update -qq
 	apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+fi
+
+# The E2B SDKs that package e2b's tests drive, as their lockfile pins them
+# (they need node >= 20.18.1: Debian 12's own nodejs, 18.20, is too old).
+if command -v npm >/dev/null; then
+	for sdk in e2b/testdata/sdk-*/; do
+		say "installing the E2B SDKs for the e2b tests ($sdk)"
+		npm ci --prefix "$sdk" --no-audit --no-fund --loglevel=error >/dev/null
+	done
 fi
 
 say "building bin/moat"

@@ -34,7 +34,15 @@ type Token struct {
 	// its holder may ask for by name. Empty means none: the holder's runs
 	// and sessions get the default sandboxes only.
 	NetworkProfiles []string `json:"network_profiles,omitempty"`
+	// E2BKey is the key ("e2b_" and at least 40 hex digits) its holder
+	// gives E2B's SDKs as E2B_API_KEY when moat serve also serves the
+	// E2B-compatible API (package e2b): the same owner as Token, with the
+	// same sessions and grants. Empty means the holder has no E2B key.
+	E2BKey string `json:"e2b_key,omitempty"`
 }
+
+// e2bKey is the form of Token.E2BKey: the Python SDK checks e2b_[0-9a-f]+.
+var e2bKey = regexp.MustCompile(`^e2b_[0-9a-f]{40,}$`)
 
 // Config configures a Server. Zero values are documented per field.
 type Config struct {
@@ -315,6 +323,15 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("tokens %q and %q have the same secret", other, t.Name))
 		}
 		secrets[t.Token] = t.Name
+		if t.E2BKey != "" {
+			if !e2bKey.MatchString(t.E2BKey) {
+				errs = append(errs, fmt.Errorf("token %q: its e2b key is not \"e2b_\" and at least 40 lower-case hex digits", t.Name))
+			}
+			if other, ok := secrets[t.E2BKey]; ok {
+				errs = append(errs, fmt.Errorf("tokens %q and %q have the same secret or e2b key", other, t.Name))
+			}
+			secrets[t.E2BKey] = t.Name
+		}
 		for _, p := range t.NetworkProfiles {
 			if _, ok := c.Profiles[p]; !ok {
 				errs = append(errs, fmt.Errorf("token %q: network profile %q is not defined", t.Name, p))

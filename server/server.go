@@ -18,6 +18,11 @@
 //
 // Every error is a JSON body {"error": {"code", "message"}} whose code is
 // stable; errorTable maps error classes to statuses.
+//
+// Another API in the same process (package e2b, E2B's API) uses the same
+// sessions, owners, caps and run slots through the small exported seam in
+// front.go: CreateSession, Session, Sessions, UseSession, RunSession,
+// SuspendSession, ResumeSession, ExtendSession and EndSession.
 package server
 
 import (

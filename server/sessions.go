@@ -145,26 +145,37 @@ func (s *Server) handleCreateSession(w http.ResponseWriter, r *http.Request, own
 			return err
 		}
 	}
+	ss, err := s.createSession(r.Context(), owner, req)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, ss.view())
+	return nil
+}
+
+// createSession makes owner's session as req asks, within the token's
+// caps and grants.
+func (s *Server) createSession(ctx context.Context, owner string, req createRequest) (*session, error) {
 	var snap snapshotRecord
 	if req.FromSnapshot != "" {
 		s.snapMu.RLock()
 		snap = s.snapshots[req.FromSnapshot]
 		s.snapMu.RUnlock()
 		if snap.Owner != owner {
-			return fmt.Errorf("snapshot %q: %w", req.FromSnapshot, errNotFound)
+			return nil, fmt.Errorf("snapshot %q: %w", req.FromSnapshot, errNotFound)
 		}
 		if (req.Level != "" && req.Level != snap.Level) || (req.Network != "" && string(req.Network) != snap.Network) {
-			return fmt.Errorf("snapshot %s is of level %s and network profile %q: a session started from it keeps them: %w", snap.ID, snap.Level, snap.Network, moat.ErrInvalid)
+			return nil, fmt.Errorf("snapshot %s is of level %s and network profile %q: a session started from it keeps them: %w", snap.ID, snap.Level, snap.Network, moat.ErrInvalid)
 		}
 		req.Level, req.Network, req.Interpreter = snap.Level, profileRef(snap.Network), snap.Interpreter
 	}
 	level, sb, err := s.sandbox(owner, req.Level, req.Network)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	sr, ok := sb.(moat.Sessioner)
 	if !ok {
-		return fmt.Errorf("level %s: %w", level, errNoSessions)
+		return nil, fmt.Errorf("level %s: %w", level, errNoSessions)
 	}
 	ttl, idle := s.cfg.SessionTTL, s.cfg.IdleTimeout
 	if req.TTL != nil {
@@ -174,10 +185,10 @@ func (s *Server) handleCreateSession(w http.ResponseWriter, r *http.Request, own
 		idle = *req.IdleTimeout
 	}
 	if ttl <= 0 || ttl > s.cfg.MaxSessionTTL {
-		return fmt.Errorf("ttl %v must be above zero and at most %v: %w", ttl, s.cfg.MaxSessionTTL, moat.ErrInvalid)
+		return nil, fmt.Errorf("ttl %v must be above zero and at most %v: %w", ttl, s.cfg.MaxSessionTTL, moat.ErrInvalid)
 	}
 	if idle <= 0 {
-		return fmt.Errorf("idle_timeout %v must be above zero: %w", idle, moat.ErrInvalid)
+		return nil, fmt.Errorf("idle_timeout %v must be above zero: %w", idle, moat.ErrInvalid)
 	}
 	if idle > ttl {
 		idle = ttl
@@ -186,7 +197,7 @@ func (s *Server) handleCreateSession(w http.ResponseWriter, r *http.Request, own
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
-		return errShuttingDown
+		return nil, errShuttingDown
 	}
 	n := 0
 	for _, ss := range s.sessions {
@@ -200,15 +211,15 @@ func (s *Server) handleCreateSession(w http.ResponseWriter, r *http.Request, own
 	placeholder := &session{rec: record{ID: id, Owner: owner}, ended: true, creating: true}
 	if n >= s.cfg.MaxSessionsPerToken {
 		s.mu.Unlock()
-		return fmt.Errorf("%d sessions already: %w", n, errTooMany)
+		return nil, fmt.Errorf("%d sessions already: %w", n, errTooMany)
 	}
 	s.sessions[id] = placeholder
 	s.mu.Unlock()
-	fail := func(err error) error {
+	fail := func(err error) (*session, error) {
 		s.mu.Lock()
 		delete(s.sessions, id)
 		s.mu.Unlock()
-		return err
+		return nil, err
 	}
 
 	var sess moat.Session
@@ -216,10 +227,10 @@ func (s *Server) handleCreateSession(w http.ResponseWriter, r *http.Request, own
 	var forkedAt time.Time
 	if req.FromSnapshot != "" {
 		var info moat.SuspendInfo
-		sess, info, snap, err = s.fork(r.Context(), owner, req.FromSnapshot)
+		sess, info, snap, err = s.fork(ctx, owner, req.FromSnapshot)
 		forked, forkedAt = &info, snap.CreatedAt
 	} else {
-		sess, err = sr.NewSession(r.Context(), moat.SessionOptions{Interpreter: req.Interpreter})
+		sess, err = sr.NewSession(ctx, moat.SessionOptions{Interpreter: req.Interpreter})
 	}
 	if err != nil {
 		return fail(err)
@@ -247,7 +258,7 @@ func (s *Server) handleCreateSession(w http.ResponseWriter, r *http.Request, own
 		s.mu.Unlock()
 		sess.Close()
 		s.store.delete(id)
-		return errShuttingDown
+		return nil, errShuttingDown
 	}
 	s.sessions[id] = ss
 	s.mu.Unlock()
@@ -256,8 +267,7 @@ func (s *Server) handleCreateSession(w http.ResponseWriter, r *http.Request, own
 		s.metrics.profileSessions.WithLabelValues(string(req.Network)).Inc()
 	}
 	s.log.Info("session created", "session", id, "owner", owner, "level", level, "network", string(req.Network), "interpreter", req.Interpreter, "ttl", ttl, "idle_timeout", idle, "backend", ss.rec.Backend)
-	writeJSON(w, http.StatusCreated, ss.view())
-	return nil
+	return ss, nil
 }
 
 // lookup returns owner's session id, in whatever state; any other is not

@@ -18,6 +18,7 @@ import (
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/container"
+	"github.com/moatsandbox/moat/e2b"
 	"github.com/moatsandbox/moat/gvisor"
 	"github.com/moatsandbox/moat/internal/egress"
 	"github.com/moatsandbox/moat/microvm"
@@ -91,6 +92,14 @@ type serverSection struct {
 	ShutdownTimeout moat.Duration `json:"shutdown_timeout,omitempty"`
 	// LogJSON logs JSON lines instead of text.
 	LogJSON bool `json:"log_json,omitempty"`
+	// E2BAddr is where the E2B-compatible API (package e2b) listens, both
+	// its sides on one listener. Empty means it is not served.
+	E2BAddr string `json:"e2b_addr,omitempty"`
+	// E2BTemplates are the E2B template names a sandbox may be created
+	// from, each a level and a network profile. Nil means e2b's
+	// DefaultTemplates (base and code-interpreter-v1 at the default
+	// level, no network).
+	E2BTemplates map[string]e2b.Template `json:"e2b_templates,omitempty"`
 }
 
 // Defaults of the serve settings that are the command's, not the server's.

@@ -10,19 +10,22 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"net/http"
 	"os"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/net/netutil"
 
 	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/e2b"
 	"github.com/moatsandbox/moat/server"
 )
 
 func init() {
-	commandUsage["serve"] = "moat serve [--addr 127.0.0.1:8080] --tokens-file FILE [--levels L,...] [flags]"
+	commandUsage["serve"] = "moat serve [--addr 127.0.0.1:8080] [--e2b-addr 127.0.0.1:3000] --tokens-file FILE [--levels L,...] [flags]"
 }
 
 // cmdServe serves the HTTP API (package server) over the chosen levels
@@ -88,6 +91,17 @@ func cmdServe(ctx context.Context, args []string, stdio Stdio) int {
 	if err != nil {
 		return exitFor(stdio, fmt.Errorf("serve: %w: %w", err, moat.ErrInvalid))
 	}
+	// A template must name what is served: found at startup, not by the
+	// first create.
+	for _, name := range slices.Sorted(maps.Keys(sc.E2BTemplates)) {
+		tpl := sc.E2BTemplates[name]
+		if tpl.Level != "" && !slices.Contains(served, tpl.Level) {
+			return exitFor(stdio, fmt.Errorf("serve: e2b template %q: level %s is not served (--levels): %w", name, tpl.Level, moat.ErrInvalid))
+		}
+		if _, ok := fc.NetworkProfiles[tpl.Network]; tpl.Network != "" && !ok {
+			return exitFor(stdio, fmt.Errorf("serve: e2b template %q: network profile %q is not defined in network_profiles: %w", name, tpl.Network, moat.ErrInvalid))
+		}
+	}
 	// Validate everything but the sandboxes before opening any.
 	probe := cfg
 	probe.Sandboxes = map[moat.Level]moat.Sandbox{fc.Level: noSandbox{}}
@@ -106,6 +120,19 @@ func cmdServe(ctx context.Context, args []string, stdio Stdio) int {
 	defer ln.Close()
 	if tcp, ok := ln.Addr().(*net.TCPAddr); ok && !tcp.IP.IsLoopback() {
 		log.Warn("serve: listening beyond loopback: anyone who can reach this address and holds a token can run code", "addr", ln.Addr().String())
+	}
+	var e2bLn net.Listener
+	if sc.E2BAddr != "" {
+		if !slices.ContainsFunc(tokens, func(t server.Token) bool { return t.E2BKey != "" }) {
+			return exitFor(stdio, fmt.Errorf("serve: --e2b-addr (server.e2b_addr) needs a token with an e2b key in %s (a last field e2b_<40 hex>, or \"e2b_key\"): %w", sc.TokensFile, moat.ErrInvalid))
+		}
+		if e2bLn, err = net.Listen("tcp", sc.E2BAddr); err != nil {
+			return exitFor(stdio, fmt.Errorf("serve: e2b: %w: %w", err, moat.ErrInvalid))
+		}
+		defer e2bLn.Close()
+		if tcp, ok := e2bLn.Addr().(*net.TCPAddr); ok && !tcp.IP.IsLoopback() {
+			log.Warn("serve: the E2B API listens beyond loopback: anyone who can reach this address and holds an e2b key can run code", "addr", e2bLn.Addr().String())
+		}
 	}
 
 	// Opening a level reaps what a dead moat left of it: after a crash,
@@ -159,6 +186,30 @@ func cmdServe(ctx context.Context, args []string, stdio Stdio) int {
 	}
 	served2 := make(chan error, 1)
 	go func() { served2 <- srv.Serve(ln) }()
+	var e2bSrv *http.Server
+	e2bDone := make(chan error, 1)
+	if e2bLn != nil {
+		api, err := e2b.New(e2b.Config{Sessions: srv, Tokens: tokens, Templates: sc.E2BTemplates, MaxFileBytes: cfg.MaxFileBytes, WriteTimeout: cfg.WriteTimeout, Logger: log})
+		if err != nil {
+			srv.Close()
+			<-served2
+			return exitFor(stdio, err)
+		}
+		// The server's connection cap, read timeouts and write timeout
+		// (per write, in e2b) hold here too.
+		e2bSrv = &http.Server{
+			Handler:           api.Handler(),
+			ReadHeaderTimeout: time.Duration(orDefault(cfg.ReadHeaderTimeout, moat.Duration(10*time.Second))),
+			ReadTimeout:       time.Duration(orDefault(cfg.ReadTimeout, moat.Duration(time.Minute))),
+			IdleTimeout:       time.Duration(orDefault(cfg.ConnIdleTimeout, moat.Duration(time.Minute))),
+		}
+		maxConns := cfg.MaxConnections
+		if maxConns == 0 {
+			maxConns = 512
+		}
+		go func() { e2bDone <- e2bSrv.Serve(netutil.LimitListener(e2bLn, maxConns)) }()
+		log.Info("serve: the E2B API is listening", "url", "http://"+e2bLn.Addr().String())
+	}
 	levelNames := make([]string, 0, len(served))
 	for _, l := range served {
 		levelNames = append(levelNames, string(l))
@@ -174,7 +225,23 @@ func cmdServe(ctx context.Context, args []string, stdio Stdio) int {
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), time.Duration(shutdownWait))
 	defer cancel()
+	e2bStopped := make(chan struct{})
+	if e2bSrv != nil {
+		// The E2B API's commands are runs of the server's sessions: they
+		// get the same wait, then their connections are closed, which
+		// cancels them, so that srv.Shutdown can end or suspend their
+		// sessions.
+		go func() {
+			e2bSrv.Shutdown(sctx)
+			e2bSrv.Close()
+			<-e2bDone
+			close(e2bStopped)
+		}()
+	} else {
+		close(e2bStopped)
+	}
 	err = srv.Shutdown(sctx)
+	<-e2bStopped
 	<-served2
 	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return exitFor(stdio, fmt.Errorf("serve: shutdown: %w", err))
@@ -221,13 +288,23 @@ func addServerFlags(fs *flag.FlagSet, sc *serverSection) {
 	fs.Var(&cfg.MaxSnapshotBytesPerToken, "max-snapshot-bytes-per-token", "disk the snapshots of one token may hold (default 1GiB)")
 	fs.Var(&sc.ShutdownTimeout, "shutdown-timeout", "how long SIGTERM waits for runs in progress before cancelling them (default 30s)")
 	fs.BoolVar(&sc.LogJSON, "log-json", false, "log JSON lines instead of text")
+	fs.StringVar(&sc.E2BAddr, "e2b-addr", "", "also serve the E2B-compatible API here (both sides on one listener; keys: an e2b_ field per token in the tokens file); default: not served")
+}
+
+func orDefault(d, def moat.Duration) moat.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
 }
 
 // readTokens reads the operator's tokens: a JSON list of {"name", "token",
 // "network_profiles": ["pypi", ...]}, or lines "NAME TOKEN" (or
 // "NAME:TOKEN") with # comments, each optionally followed by the network
 // profiles its holder may use, comma-separated without spaces:
-// "alice s3cret pypi,github". A line without them grants none. Whether the
+// "alice s3cret pypi,github". A line without them grants none. A last
+// field that starts with "e2b_" is the holder's key for the E2B-compatible
+// API (server.Token.E2BKey; "e2b_key" in the JSON form). Whether the
 // profiles exist is checked by the caller, against the config file.
 func readTokens(path string) ([]server.Token, error) {
 	data, err := os.ReadFile(path)
@@ -254,10 +331,14 @@ func readTokens(path string) ([]server.Token, error) {
 			continue
 		}
 		f := strings.Fields(strings.Replace(line, ":", " ", 1))
-		if len(f) != 2 && len(f) != 3 {
-			return nil, fmt.Errorf("serve: tokens file %s, line %d: want \"NAME TOKEN\" or \"NAME TOKEN PROFILE,...\": %w", path, n, moat.ErrInvalid)
+		key := ""
+		if len(f) >= 3 && strings.HasPrefix(f[len(f)-1], "e2b_") {
+			key, f = f[len(f)-1], f[:len(f)-1]
 		}
-		t := server.Token{Name: f[0], Token: f[1]}
+		if len(f) != 2 && len(f) != 3 {
+			return nil, fmt.Errorf("serve: tokens file %s, line %d: want \"NAME TOKEN [PROFILE,...] [e2b_KEY]\": %w", path, n, moat.ErrInvalid)
+		}
+		t := server.Token{Name: f[0], Token: f[1], E2BKey: key}
 		if len(f) == 3 {
 			t.NetworkProfiles = strings.Split(f[2], ",")
 			if slices.Contains(t.NetworkProfiles, "") {

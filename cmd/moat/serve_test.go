@@ -10,12 +10,15 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/moatsandbox/moat"
 )
 
 // lockedBuffer is a bytes.Buffer safe for the server's logger and the test.
@@ -64,6 +67,12 @@ func TestServeBadInput(t *testing.T) {
 		{"stray argument", []string{"--tokens-file", good, "extra"}},
 		{"negative connection cap", []string{"--tokens-file", good, "--max-connections", "-1"}},
 		{"bad write timeout", []string{"--tokens-file", good, "--write-timeout", "soon"}},
+		{"e2b without an e2b key", []string{"--tokens-file", good, "--e2b-addr", "127.0.0.1:0"}},
+		{"malformed e2b key", []string{"--tokens-file", writeTokens(t, "alice s3cret-token-0123456789 e2b_XYZ\n", 0o600), "--e2b-addr", "127.0.0.1:0"}},
+		{"e2b key shared by two tokens", []string{"--tokens-file", writeTokens(t, "alice s3cret-token-0123456789 e2b_00112233445566778899aabbccddeeff00112233\nbob s3cret-token-9876543210 e2b_00112233445566778899aabbccddeeff00112233\n", 0o600), "--e2b-addr", "127.0.0.1:0"}},
+		{"e2b template of a level not served", []string{"--addr", "127.0.0.1:0", "--tokens-file", good, "--config", writeConfig(t, `{"server": {"e2b_templates": {"x": {"level": "gvisor"}}}}`), "--levels", "subprocess"}},
+		{"e2b template of an undefined profile", []string{"--addr", "127.0.0.1:0", "--tokens-file", good, "--config", writeConfig(t, `{"server": {"e2b_templates": {"x": {"network": "nope"}}}}`)}},
+		{"bad e2b address", []string{"--tokens-file", writeTokens(t, "alice s3cret-token-0123456789 e2b_00112233445566778899aabbccddeeff00112233\n", 0o600), "--e2b-addr", "127.0.0.1:notaport"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var out, errb bytes.Buffer
@@ -175,7 +184,7 @@ func TestServeProfileErrors(t *testing.T) {
 		{"line names one of two undefined", "alice s3cret-token-0123456789 pypi,github\n", true, `network profile "github", which`},
 		{"JSON names an undefined profile", `[{"name": "alice", "token": "s3cret-token-0123456789", "network_profiles": ["github"]}]`, true, `network profile "github", which`},
 		{"empty profile name", "alice s3cret-token-0123456789 pypi,,github\n", true, `an empty name in the network profiles`},
-		{"too many fields", "alice s3cret-token-0123456789 pypi github\n", true, `want "NAME TOKEN" or "NAME TOKEN PROFILE,..."`},
+		{"too many fields", "alice s3cret-token-0123456789 pypi github\n", true, `want "NAME TOKEN [PROFILE,...] [e2b_KEY]"`},
 		// The control: with the profile defined, startup goes on to the
 		// address, which fails.
 		{"defined profile", "alice s3cret-token-0123456789 pypi\n", true, `notaport`},
@@ -209,6 +218,10 @@ func TestReadTokensProfiles(t *testing.T) {
 			`[{"name":"alice","token":"s3cret-token-0123456789","network_profiles":["pypi","github"]},{"name":"bob","token":"s3cret-token-9876543210","network_profiles":["pypi"]}]`},
 		{"JSON with profiles", `[{"name":"alice","token":"s3cret-token-0123456789","network_profiles":["pypi"]}]`,
 			`[{"name":"alice","token":"s3cret-token-0123456789","network_profiles":["pypi"]}]`},
+		{"line with an e2b key", "alice s3cret-token-0123456789 e2b_00112233445566778899aabbccddeeff00112233\nbob s3cret-token-9876543210 pypi e2b_ffeeddccbbaa99887766554433221100ffeeddcc\n",
+			`[{"name":"alice","token":"s3cret-token-0123456789","e2b_key":"e2b_00112233445566778899aabbccddeeff00112233"},{"name":"bob","token":"s3cret-token-9876543210","network_profiles":["pypi"],"e2b_key":"e2b_ffeeddccbbaa99887766554433221100ffeeddcc"}]`},
+		{"JSON with an e2b key", `[{"name":"alice","token":"s3cret-token-0123456789","e2b_key":"e2b_00112233445566778899aabbccddeeff00112233"}]`,
+			`[{"name":"alice","token":"s3cret-token-0123456789","e2b_key":"e2b_00112233445566778899aabbccddeeff00112233"}]`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			tokens, err := readTokens(writeTokens(t, c.content, 0o600))
@@ -314,4 +327,301 @@ func TestServeProfiles(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("serve did not stop")
 	}
+}
+
+// TestServeE2B serves the E2B API beside moat's: a sandbox made with the
+// token's e2b key is a session of that token on moat's own API.
+func TestServeE2B(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI must run as root: the subprocess level needs it")
+		}
+		t.Skip("the subprocess level needs root (CI runs this as root)")
+	}
+	const key = "e2b_00112233445566778899aabbccddeeff00112233"
+	tokens := writeTokens(t, "alice s3cret-token-0123456789 "+key+"\n", 0o600)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var errb lockedBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- cmdServe(ctx, []string{"--addr", "127.0.0.1:0", "--e2b-addr", "127.0.0.1:0", "--tokens-file", tokens, "--state-dir", t.TempDir()},
+			Stdio{In: strings.NewReader(""), Out: io.Discard, Err: &errb})
+	}()
+	var api, e2bURL string
+	deadline := time.Now().Add(20 * time.Second)
+	for api == "" || e2bURL == "" {
+		if m := regexp.MustCompile(`msg="serve: listening" url=(http://127\.0\.0\.1:\d+)`).FindStringSubmatch(errb.String()); m != nil {
+			api = m[1]
+		}
+		if m := regexp.MustCompile(`msg="serve: the E2B API is listening" url=(http://127\.0\.0\.1:\d+)`).FindStringSubmatch(errb.String()); m != nil {
+			e2bURL = m[1]
+		}
+		select {
+		case code := <-done:
+			t.Fatalf("serve exited %d: %s", code, errb.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("serve did not start: %s", errb.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	req, _ := http.NewRequest("POST", e2bURL+"/v2/sandboxes", strings.NewReader(`{"templateID":"base"}`))
+	req.Header.Set("X-API-KEY", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sb map[string]any
+	json.NewDecoder(resp.Body).Decode(&sb)
+	resp.Body.Close()
+	if resp.StatusCode != 201 || sb["sandboxID"] == nil {
+		t.Fatalf("create: %d %v", resp.StatusCode, sb)
+	}
+	req, _ = http.NewRequest("GET", api+"/v1/sessions/"+sb["sandboxID"].(string), nil)
+	req.Header.Set("Authorization", "Bearer s3cret-token-0123456789")
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("the sandbox on moat's API: %d, want 200 (the same token's session)", resp.StatusCode)
+	}
+	cancel()
+	select {
+	case code := <-done:
+		if code != exitOK {
+			t.Errorf("exit %d after shutdown: %s", code, errb.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+}
+
+// TestServeE2BEveryLevel drives moat serve --levels all with E2B's JS SDK,
+// unchanged, once per level served here, each through a template of the
+// config file's server.e2b_templates. It skips only where node is absent
+// (CI has it, from scripts/setup.sh).
+func TestServeE2BEveryLevel(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI must run as root: the subprocess level needs it")
+		}
+		t.Skip("the subprocess level needs root (CI runs this as root)")
+	}
+	node, err := exec.LookPath("node")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI must have node (scripts/setup.sh installs it)")
+		}
+		t.Skip("node is not installed: the E2B SDK test needs it (scripts/setup.sh installs it)")
+	}
+	sdk := filepath.Join("..", "..", "e2b", "testdata", "sdk-2.51")
+	scripts := filepath.Join("..", "..", "e2b", "testdata", "scripts")
+	if _, err := os.Stat(filepath.Join(sdk, "node_modules", "e2b")); err != nil {
+		t.Fatalf("the SDK harness is not installed: run scripts/setup.sh: %v", err)
+	}
+	// The scripts run from a directory whose node_modules is the
+	// harness's (as e2b's tests run them).
+	dir := t.TempDir()
+	mods, _ := filepath.Abs(filepath.Join(sdk, "node_modules"))
+	if err := os.Symlink(mods, filepath.Join(dir, "node_modules")); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"smoke.mjs", "interp.mjs"} {
+		src, err := os.ReadFile(filepath.Join(scripts, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(dir, name), src, 0o600)
+	}
+	const key = "e2b_00112233445566778899aabbccddeeff00112233"
+	tokens := writeTokens(t, "alice s3cret-token-0123456789 "+key+"\n", 0o600)
+	templates := map[string]any{}
+	for _, l := range moat.Levels {
+		templates[string(l)] = map[string]any{"level": string(l)}
+		templates[string(l)+"-interpreter"] = map[string]any{"level": string(l), "interpreter": true}
+	}
+	conf, _ := json.Marshal(map[string]any{"server": map[string]any{"e2b_templates": templates}})
+	confPath := filepath.Join(t.TempDir(), "moat.json")
+	os.WriteFile(confPath, conf, 0o600)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var errb lockedBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- cmdServe(ctx, []string{"--config", confPath, "--levels", "all", "--addr", "127.0.0.1:0", "--e2b-addr", "127.0.0.1:0",
+			"--tokens-file", tokens, "--state-dir", t.TempDir(), "--wall-time", "60s"},
+			Stdio{In: strings.NewReader(""), Out: io.Discard, Err: &errb})
+	}()
+	var api, e2bURL string
+	deadline := time.Now().Add(5 * time.Minute)
+	for api == "" || e2bURL == "" {
+		if m := regexp.MustCompile(`msg="serve: listening" url=(http://127\.0\.0\.1:\d+)`).FindStringSubmatch(errb.String()); m != nil {
+			api = m[1]
+		}
+		if m := regexp.MustCompile(`msg="serve: the E2B API is listening" url=(http://127\.0\.0\.1:\d+)`).FindStringSubmatch(errb.String()); m != nil {
+			e2bURL = m[1]
+		}
+		select {
+		case code := <-done:
+			t.Fatalf("serve exited %d: %s", code, errb.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("serve did not start: %s", errb.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	req, _ := http.NewRequest("GET", api+"/v1/levels", nil)
+	req.Header.Set("Authorization", "Bearer s3cret-token-0123456789")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lv struct {
+		Levels []struct {
+			Level    string `json:"level"`
+			Sessions bool   `json:"sessions"`
+		} `json:"levels"`
+	}
+	json.NewDecoder(resp.Body).Decode(&lv)
+	resp.Body.Close()
+	if len(lv.Levels) == 0 {
+		t.Fatalf("no level served: %s", errb.String())
+	}
+	for _, l := range lv.Levels {
+		if !l.Sessions {
+			continue
+		}
+		t.Run(l.Level, func(t *testing.T) {
+			sctx, scancel := context.WithTimeout(ctx, 5*time.Minute)
+			defer scancel()
+			cmd := exec.CommandContext(sctx, node, "smoke.mjs")
+			cmd.Dir = dir
+			cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir(), "E2B_API_KEY=" + key,
+				"E2B_API_URL=" + e2bURL, "E2B_SANDBOX_URL=" + e2bURL, "E2B_DOMAIN=moat.invalid", "MOAT_TEMPLATE=" + l.Level}
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			out, err := cmd.Output()
+			if err != nil {
+				t.Fatalf("node smoke.mjs: %v\n%s\n%s", err, out, stderr.Bytes())
+			}
+			// The code interpreter, with a live interpreter.
+			icmd := exec.CommandContext(sctx, node, "interp.mjs")
+			icmd.Dir, icmd.Env = dir, append(cmd.Env[:len(cmd.Env):len(cmd.Env)], "MOAT_TEMPLATE="+l.Level+"-interpreter")
+			iout, err := icmd.Output()
+			if err != nil {
+				t.Fatalf("node interp.mjs: %v\n%s", err, iout)
+			}
+			for _, want := range []string{`{"step":"first","text":"42","stdout":["printed\n"],"stderr":[],"error":null}`,
+				`{"step":"kept","text":"43"}`, `{"step":"after","text":"42"}`, `"name":"ZeroDivisionError"`} {
+				if !strings.Contains(string(iout), want) {
+					t.Errorf("no %s in:\n%s", want, iout)
+				}
+			}
+			for _, want := range []string{
+				`{"step":"run","stdout":"hi\n","stderr":"","exitCode":0}`,
+				`{"step":"exit","exitCode":3,"name":"CommandExitError"}`,
+				`{"step":"cat","stdout":"hello from the sdk"}`,
+				`{"step":"readback","text":"made by bash\n"}`,
+				`{"step":"outside","error":"InvalidArgumentError"}`,
+				`"stdout":"started\n","end":"CommandExitError -1"}`,
+				`{"step":"after","stdout":"after\n"}`,
+				`{"step":"kill","killed":true}`,
+				`{"step":"running","running":false}`,
+			} {
+				if !strings.Contains(string(out), want) {
+					t.Errorf("no %s in:\n%s", want, out)
+				}
+			}
+		})
+	}
+	cancel()
+	select {
+	case code := <-done:
+		if code != exitOK {
+			t.Errorf("exit %d after shutdown: %s", code, errb.String())
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("serve did not stop")
+	}
+}
+
+// TestServeE2BShutdownCommand stops moat serve (on_idle suspend) while an
+// E2B command runs: the command gets the shutdown wait, then it is
+// cancelled and its session suspended, long before the command would end.
+func TestServeE2BShutdownCommand(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI must run as root: the subprocess level needs it")
+		}
+		t.Skip("the subprocess level needs root (CI runs this as root)")
+	}
+	const key = "e2b_00112233445566778899aabbccddeeff00112233"
+	const sleep = 50 * time.Second
+	tokens := writeTokens(t, "alice s3cret-token-0123456789 "+key+"\n", 0o600)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var errb lockedBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- cmdServe(ctx, []string{"--addr", "127.0.0.1:0", "--e2b-addr", "127.0.0.1:0", "--tokens-file", tokens, "--state-dir", t.TempDir(),
+			"--on-idle", "suspend", "--shutdown-timeout", "1s", "--wall-time", "60s"},
+			Stdio{In: strings.NewReader(""), Out: io.Discard, Err: &errb})
+	}()
+	var e2bURL string
+	for deadline := time.Now().Add(20 * time.Second); e2bURL == ""; time.Sleep(20 * time.Millisecond) {
+		if m := regexp.MustCompile(`msg="serve: the E2B API is listening" url=(http://127\.0\.0\.1:\d+)`).FindStringSubmatch(errb.String()); m != nil {
+			e2bURL = m[1]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("serve did not start: %s", errb.String())
+		}
+	}
+	req, _ := http.NewRequest("POST", e2bURL+"/v2/sandboxes", strings.NewReader(`{}`))
+	req.Header.Set("X-API-KEY", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sb struct{ SandboxID, EnvdAccessToken string }
+	json.NewDecoder(resp.Body).Decode(&sb)
+	resp.Body.Close()
+	msg := []byte(fmt.Sprintf(`{"process":{"cmd":"/bin/bash","args":["-c","echo started; sleep %d"]}}`, int(sleep.Seconds())))
+	req, _ = http.NewRequest("POST", e2bURL+"/process.Process/Start", bytes.NewReader(append([]byte{0, 0, 0, 0, byte(len(msg))}, msg...)))
+	req.Header.Set("Content-Type", "application/connect+json")
+	req.Header.Set("E2b-Sandbox-Id", sb.SandboxID)
+	req.Header.Set("X-Access-Token", sb.EnvdAccessToken)
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	// Wait for its output, then stop the server as SIGTERM does.
+	buf := make([]byte, 4096)
+	var got []byte
+	for !bytes.Contains(got, []byte(`"stdout"`)) {
+		n, err := resp.Body.Read(buf)
+		got = append(got, buf[:n]...)
+		if err != nil {
+			t.Fatalf("the command's stream: %v: %q", err, got)
+		}
+	}
+	start := time.Now()
+	cancel()
+	select {
+	case code := <-done:
+		if code != exitOK {
+			t.Errorf("exit %d after shutdown: %s", code, errb.String())
+		}
+	case <-time.After(sleep / 2):
+		t.Fatalf("serve still stopping after half the command's length: %s", errb.String())
+	}
+	if !strings.Contains(errb.String(), `msg="session suspended"`) {
+		t.Errorf("the session was not suspended at shutdown: %s", errb.String())
+	}
+	t.Logf("stopped in %v", time.Since(start))
 }

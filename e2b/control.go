@@ -1,0 +1,442 @@
+// The control plane: E2B's REST API for making, listing, pausing,
+// resuming and killing sandboxes, keyed by X-API-KEY.
+
+package e2b
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/server"
+)
+
+// defaultTimeout is a sandbox's time to live when the create names none,
+// as E2B's.
+const defaultTimeout = 300 * time.Second
+
+func (s *Server) controlRoutes() http.Handler {
+	mux := http.NewServeMux()
+	handle := func(pattern string, h func(w http.ResponseWriter, r *http.Request, owner string) error) {
+		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+			owner, ok := s.owner(r)
+			if !ok {
+				s.writeError(w, r, errorf(http.StatusUnauthorized, "missing or unknown X-API-KEY"))
+				return
+			}
+			if err := h(w, r, owner); err != nil {
+				s.writeError(w, r, err)
+			}
+		})
+	}
+	handle("POST /sandboxes", s.handleCreate)
+	handle("POST /v2/sandboxes", s.handleCreate)
+	handle("GET /sandboxes", s.handleListV1)
+	handle("GET /v2/sandboxes", s.handleList)
+	handle("GET /sandboxes/{id}", s.handleGet)
+	handle("DELETE /sandboxes/{id}", s.handleKill)
+	handle("POST /sandboxes/{id}/timeout", s.handleTimeout)
+	handle("POST /sandboxes/{id}/pause", s.handlePause)
+	handle("POST /v2/sandboxes/{id}/connect", s.handleConnect)
+	handle("POST /sandboxes/{id}/connect", s.handleConnect)
+	handle("POST /sandboxes/{id}/resume", s.handleConnect)
+	// The rest of E2B's API (snapshots, forks, templates, volumes, logs)
+	// is not implemented: 501, which the SDKs show with its message, not
+	// a 404 they would take for a missing sandbox.
+	handle("/", func(w http.ResponseWriter, r *http.Request, _ string) error {
+		return errorf(http.StatusNotImplemented, "%s %s is not served by moat (see docs/e2b.md)", r.Method, r.URL.Path)
+	})
+	return mux
+}
+
+// createBody is what the SDKs send to POST /v2/sandboxes. Fields moat does
+// not map are refused when set, never ignored.
+type createBody struct {
+	TemplateID          string            `json:"templateID"`
+	Timeout             *int64            `json:"timeout"`
+	Metadata            map[string]string `json:"metadata"`
+	EnvVars             map[string]string `json:"envVars"`
+	AllowInternetAccess *bool             `json:"allow_internet_access"`
+	Secure              *bool             `json:"secure"`
+	AutoPause           *bool             `json:"autoPause"`
+	// Not mapped: refused when present and not null.
+	Network      json.RawMessage `json:"network"`
+	MCP          json.RawMessage `json:"mcp"`
+	IAM          json.RawMessage `json:"iam"`
+	VolumeMounts json.RawMessage `json:"volumeMounts"`
+	AutoResume   json.RawMessage `json:"autoResume"`
+}
+
+// sandboxJSON is a sandbox as E2B's API shows it.
+type sandboxJSON struct {
+	TemplateID         string            `json:"templateID"`
+	SandboxID          string            `json:"sandboxID"`
+	ClientID           string            `json:"clientID"`
+	EnvdVersion        string            `json:"envdVersion"`
+	EnvdAccessToken    string            `json:"envdAccessToken,omitempty"`
+	TrafficAccessToken *string           `json:"trafficAccessToken"`
+	Domain             *string           `json:"domain"`
+	StartedAt          *time.Time        `json:"startedAt,omitempty"`
+	EndAt              *time.Time        `json:"endAt,omitempty"`
+	Metadata           map[string]string `json:"metadata,omitempty"`
+	State              string            `json:"state,omitempty"`
+	CPUCount           int               `json:"cpuCount"`
+	MemoryMB           int               `json:"memoryMB"`
+	DiskSizeMB         int               `json:"diskSizeMB"`
+	VolumeMounts       []any             `json:"volumeMounts"`
+}
+
+func (s *Server) view(sb *sandbox, info server.SessionInfo, withAccess bool) sandboxJSON {
+	v := sandboxJSON{
+		TemplateID: sb.template, SandboxID: sb.id, ClientID: "moat", EnvdVersion: EnvdVersion,
+		StartedAt: &sb.started, EndAt: &info.ExpiresAt, Metadata: sb.metadata, VolumeMounts: []any{},
+		State: "running",
+	}
+	if info.State != "running" {
+		v.State = "paused"
+	}
+	if withAccess {
+		v.EnvdAccessToken = sb.access
+	}
+	if v.Metadata == nil {
+		v.Metadata = map[string]string{}
+	}
+	return v
+}
+
+func decodeBody(r *http.Request, v any) error {
+	if r.ContentLength == 0 {
+		return nil
+	}
+	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
+		return errorf(http.StatusBadRequest, "body: %v", err)
+	}
+	return nil
+}
+
+func present(m json.RawMessage) bool { return len(m) > 0 && string(m) != "null" }
+
+func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, owner string) error {
+	var b createBody
+	if err := decodeBody(r, &b); err != nil {
+		return err
+	}
+	if b.TemplateID == "" {
+		b.TemplateID = "base"
+	}
+	tpl, ok := s.cfg.Templates[b.TemplateID]
+	if !ok {
+		names := slices.Sorted(func(yield func(string) bool) {
+			for n := range s.cfg.Templates {
+				if !yield(n) {
+					return
+				}
+			}
+		})
+		return errorf(http.StatusBadRequest, "template %q is not one this moat serves (%s)", b.TemplateID, strings.Join(names, ", "))
+	}
+	for name, m := range map[string]json.RawMessage{"network": b.Network, "mcp": b.MCP, "iam": b.IAM, "volumeMounts": b.VolumeMounts, "autoResume": b.AutoResume} {
+		if present(m) {
+			return errorf(http.StatusBadRequest, "%s is not supported by moat: the network is the operator's template's (template %q)", name, b.TemplateID)
+		}
+	}
+	if b.AutoPause != nil && *b.AutoPause {
+		return errorf(http.StatusBadRequest, "onTimeout pause is not supported by moat: a sandbox ends at its timeout; pause it before")
+	}
+	// The network is the template's. Asking for none where the template
+	// has some is a protection moat cannot give: refused. Asking for the
+	// internet (older SDKs always do) where the template has none gets
+	// none: more isolation than asked, never less.
+	if b.AllowInternetAccess != nil && !*b.AllowInternetAccess && tpl.Network != "" {
+		return errorf(http.StatusBadRequest, "allowInternetAccess false: template %q has network profile %q, which the operator chose: use a template without network", b.TemplateID, tpl.Network)
+	}
+	ttl := defaultTimeout
+	if b.Timeout != nil {
+		ttl = time.Duration(*b.Timeout) * time.Second
+	}
+	if ttl <= 0 || ttl > s.cfg.Sessions.MaxSessionTTL() {
+		return errorf(http.StatusBadRequest, "timeout %v must be above zero and at most %v", ttl, s.cfg.Sessions.MaxSessionTTL())
+	}
+	info, err := s.cfg.Sessions.CreateSession(r.Context(), owner, server.SessionSpec{
+		Level: tpl.Level, Network: tpl.Network, TTL: moat.Duration(ttl), IdleTimeout: moat.Duration(ttl), Interpreter: tpl.Interpreter,
+	})
+	if err != nil {
+		return err
+	}
+	sb := &sandbox{id: info.ID, owner: owner, template: b.TemplateID, metadata: b.Metadata, envs: b.EnvVars,
+		access: newSecret("ea_"), started: info.CreatedAt, interpreter: tpl.Interpreter}
+	sb.accessSum = sha256.Sum256([]byte(sb.access))
+	s.prune(owner)
+	s.mu.Lock()
+	s.sandboxes[sb.id] = sb
+	s.mu.Unlock()
+	s.log.Info("e2b: sandbox created", "sandbox", sb.id, "owner", owner, "template", b.TemplateID, "level", info.Level, "network", info.Network, "timeout", ttl)
+	writeJSON(w, http.StatusCreated, s.view(sb, info, true))
+	return nil
+}
+
+// prune forgets owner's sandboxes whose sessions have ended (expired, or
+// deleted through moat's own API), so that what this API keeps stays
+// bounded by the token's session cap.
+func (s *Server) prune(owner string) {
+	s.mu.Lock()
+	var mine []*sandbox
+	for _, sb := range s.sandboxes {
+		if sb.owner == owner {
+			mine = append(mine, sb)
+		}
+	}
+	s.mu.Unlock()
+	for _, sb := range mine {
+		s.lookupSandbox(sb.id) // forgets it if its session is gone
+	}
+}
+
+// mine returns owner's sandbox named in the path: another owner's is not
+// found, as a missing one.
+func (s *Server) mine(r *http.Request, owner string) (*sandbox, server.SessionInfo, error) {
+	id := r.PathValue("id")
+	sb, info, ok := s.lookupSandbox(id)
+	if !ok || sb.owner != owner {
+		return nil, server.SessionInfo{}, errorf(http.StatusNotFound, "sandbox %q not found", id)
+	}
+	return sb, info, nil
+}
+
+func (s *Server) handleGet(w http.ResponseWriter, r *http.Request, owner string) error {
+	sb, info, err := s.mine(r, owner)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, s.view(sb, info, true))
+	return nil
+}
+
+func (s *Server) handleKill(w http.ResponseWriter, r *http.Request, owner string) error {
+	sb, _, err := s.mine(r, owner)
+	if err != nil {
+		return err
+	}
+	s.forget(sb)
+	if err := s.cfg.Sessions.EndSession(owner, sb.id); err != nil {
+		return err
+	}
+	s.log.Info("e2b: sandbox killed", "sandbox", sb.id, "owner", owner)
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+type timeoutBody struct {
+	Timeout *int64 `json:"timeout"`
+}
+
+func (s *Server) handleTimeout(w http.ResponseWriter, r *http.Request, owner string) error {
+	sb, _, err := s.mine(r, owner)
+	if err != nil {
+		return err
+	}
+	var b timeoutBody
+	if err := decodeBody(r, &b); err != nil {
+		return err
+	}
+	if b.Timeout == nil {
+		return errorf(http.StatusBadRequest, "timeout is missing")
+	}
+	if _, err := s.cfg.Sessions.ExtendSession(owner, sb.id, time.Duration(*b.Timeout)*time.Second); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) handlePause(w http.ResponseWriter, r *http.Request, owner string) error {
+	sb, info, err := s.mine(r, owner)
+	if err != nil {
+		return err
+	}
+	if info.State != "running" {
+		return errorf(http.StatusConflict, "sandbox %s is already paused", sb.id)
+	}
+	if n := sb.procs.count(); n > 0 {
+		return errorf(http.StatusConflict, "sandbox %s has %d commands running: moat pauses a sandbox between commands", sb.id, n)
+	}
+	if err := s.cfg.Sessions.SuspendSession(r.Context(), owner, sb.id); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request, owner string) error {
+	sb, info, err := s.mine(r, owner)
+	if err != nil {
+		return err
+	}
+	var b timeoutBody
+	if err := decodeBody(r, &b); err != nil {
+		return err
+	}
+	status := http.StatusOK
+	if info.State != "running" {
+		if err := s.cfg.Sessions.ResumeSession(r.Context(), owner, sb.id); err != nil {
+			return err
+		}
+		status = http.StatusCreated
+	}
+	if b.Timeout != nil {
+		// E2B's connect never shortens a sandbox's life.
+		ttl := time.Duration(*b.Timeout) * time.Second
+		if time.Now().Add(ttl).After(info.ExpiresAt) {
+			if _, err := s.cfg.Sessions.ExtendSession(owner, sb.id, ttl); err != nil {
+				return err
+			}
+		}
+	}
+	info, err = s.cfg.Sessions.Session(owner, sb.id)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, status, s.view(sb, info, true))
+	return nil
+}
+
+// listed returns owner's sandboxes that match the query's metadata and
+// state filters, oldest first (ties by id).
+func (s *Server) listed(r *http.Request, owner string) ([]sandboxJSON, error) {
+	q := r.URL.Query()
+	want := map[string]string{}
+	if m := q.Get("metadata"); m != "" {
+		vals, err := url.ParseQuery(m)
+		if err != nil {
+			return nil, errorf(http.StatusBadRequest, "metadata filter %q: %v", m, err)
+		}
+		for k, v := range vals {
+			want[k] = v[0]
+		}
+	}
+	states := map[string]bool{}
+	for _, v := range q["state"] {
+		for _, st := range strings.Split(v, ",") {
+			if st != "running" && st != "paused" {
+				return nil, errorf(http.StatusBadRequest, "state %q: want running or paused", st)
+			}
+			states[st] = true
+		}
+	}
+	s.mu.Lock()
+	var mine []*sandbox
+	for _, sb := range s.sandboxes {
+		if sb.owner == owner {
+			mine = append(mine, sb)
+		}
+	}
+	s.mu.Unlock()
+	out := []sandboxJSON{}
+	for _, sb := range mine {
+		sb, info, ok := s.lookupSandbox(sb.id)
+		if !ok {
+			continue
+		}
+		v := s.view(sb, info, false)
+		if len(states) > 0 && !states[v.State] {
+			continue
+		}
+		match := true
+		for k, val := range want {
+			if sb.metadata[k] != val {
+				match = false
+			}
+		}
+		if match {
+			out = append(out, v)
+		}
+	}
+	slices.SortFunc(out, func(a, b sandboxJSON) int {
+		if c := a.StartedAt.Compare(*b.StartedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.SandboxID, b.SandboxID)
+	})
+	return out, nil
+}
+
+func (s *Server) handleListV1(w http.ResponseWriter, r *http.Request, owner string) error {
+	out, err := s.listed(r, owner)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// parseCursor reads a nextToken: the start time and id of the last
+// sandbox of the page before.
+func parseCursor(tok string) (time.Time, string, error) {
+	b, err := base64.RawURLEncoding.DecodeString(tok)
+	var ns int64
+	var id string
+	if err == nil {
+		_, err = fmt.Sscanf(string(b), "%d %s", &ns, &id)
+	}
+	if err != nil {
+		return time.Time{}, "", errorf(http.StatusBadRequest, "nextToken %q is not one this API gave", tok)
+	}
+	return time.Unix(0, ns), id, nil
+}
+
+// handleList is GET /v2/sandboxes, paged: at most limit (default 100)
+// sandboxes, oldest first, after the one nextToken names (which may have
+// ended since), and X-Next-Token when more follow.
+func (s *Server) handleList(w http.ResponseWriter, r *http.Request, owner string) error {
+	out, err := s.listed(r, owner)
+	if err != nil {
+		return err
+	}
+	limit := 100
+	if l := r.URL.Query().Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > 100 {
+			return errorf(http.StatusBadRequest, "limit %q: want 1 to 100", l)
+		}
+		limit = n
+	}
+	if next := r.URL.Query().Get("nextToken"); next != "" {
+		at, id, err := parseCursor(next)
+		if err != nil {
+			return err
+		}
+		// The first sandbox after the cursor, which may be gone itself.
+		i, _ := slices.BinarySearchFunc(out, next, func(v sandboxJSON, _ string) int {
+			if c := v.StartedAt.Compare(at); c != 0 {
+				return c
+			}
+			if c := strings.Compare(v.SandboxID, id); c != 0 {
+				return c
+			}
+			return 0
+		})
+		for i < len(out) && out[i].SandboxID == id {
+			i++
+		}
+		out = out[i:]
+	}
+	if len(out) > limit {
+		out = out[:limit]
+		last := out[limit-1]
+		w.Header().Set("X-Next-Token", base64.RawURLEncoding.EncodeToString(
+			fmt.Appendf(nil, "%d %s", last.StartedAt.UnixNano(), last.SandboxID)))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}

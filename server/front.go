@@ -1,0 +1,221 @@
+// Front: the small exported seam through which another API in the same
+// process (package e2b) uses the server's sessions, with the same owners,
+// caps, run slots, suspend and resume as the server's own routes.
+
+package server
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/moatsandbox/moat"
+)
+
+// SessionSpec is what a front end asks of a new session. Zero values are
+// the server's defaults, as in POST /v1/sessions.
+type SessionSpec struct {
+	Level moat.Level
+	// Network names a network profile the owner's token may use; empty
+	// for none.
+	Network     string
+	TTL         moat.Duration
+	IdleTimeout moat.Duration
+	Interpreter bool
+}
+
+// SessionInfo is a session as a front end sees it.
+type SessionInfo struct {
+	ID        string
+	Owner     string
+	Level     moat.Level
+	Network   string
+	CreatedAt time.Time
+	ExpiresAt time.Time
+	// State is "running", "suspended" or "broken".
+	State string
+}
+
+func (ss *session) info() SessionInfo {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return SessionInfo{ID: ss.rec.ID, Owner: ss.rec.Owner, Level: ss.rec.Level, Network: ss.rec.Network,
+		CreatedAt: ss.rec.CreatedAt, ExpiresAt: ss.rec.ExpiresAt, State: ss.rec.state()}
+}
+
+// Owner returns the name of the token tok, as a request's bearer token is
+// checked.
+func (s *Server) Owner(tok string) (string, bool) {
+	r := &http.Request{Header: http.Header{"Authorization": {"Bearer " + tok}}}
+	return s.authenticate(r)
+}
+
+// MaxSessionTTL is the longest time to live a session may be given.
+func (s *Server) MaxSessionTTL() time.Duration { return time.Duration(s.cfg.MaxSessionTTL) }
+
+// CreateSession makes a session of owner's, within the token's caps and
+// network grants, as POST /v1/sessions does.
+func (s *Server) CreateSession(ctx context.Context, owner string, spec SessionSpec) (SessionInfo, error) {
+	req := createRequest{Level: spec.Level, Network: profileRef(spec.Network), Interpreter: spec.Interpreter}
+	if spec.TTL != 0 {
+		req.TTL = &spec.TTL
+	}
+	if spec.IdleTimeout != 0 {
+		req.IdleTimeout = &spec.IdleTimeout
+	}
+	ss, err := s.createSession(ctx, owner, req)
+	if err != nil {
+		return SessionInfo{}, err
+	}
+	return ss.info(), nil
+}
+
+// find returns owner's session id; any other is not found.
+func (s *Server) find(owner, id string) (*session, error) {
+	s.mu.Lock()
+	ss, ok := s.sessions[id]
+	s.mu.Unlock()
+	if !ok || ss.rec.Owner != owner || ss.creating {
+		return nil, fmt.Errorf("session %q: %w", id, errNotFound)
+	}
+	return ss, nil
+}
+
+// Session describes owner's session id.
+func (s *Server) Session(owner, id string) (SessionInfo, error) {
+	ss, err := s.find(owner, id)
+	if err != nil {
+		return SessionInfo{}, err
+	}
+	return ss.info(), nil
+}
+
+// Sessions lists owner's sessions, in no particular order.
+func (s *Server) Sessions(owner string) []SessionInfo {
+	s.mu.Lock()
+	var mine []*session
+	for _, ss := range s.sessions {
+		if ss.rec.Owner == owner && !ss.creating {
+			mine = append(mine, ss)
+		}
+	}
+	s.mu.Unlock()
+	out := make([]SessionInfo, 0, len(mine))
+	for _, ss := range mine {
+		out = append(out, ss.info())
+	}
+	return out
+}
+
+// UseSession marks owner's session busy for a file operation, resuming it
+// if it is suspended, and returns its live session; done marks it idle
+// again. Runs go through RunSession, which takes a run slot.
+func (s *Server) UseSession(ctx context.Context, owner, id string) (sess moat.Session, done func(), err error) {
+	ss, err := s.find(owner, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	sess, _, done, err = s.use(ctx, ss)
+	return sess, done, err
+}
+
+// RunSession runs req in owner's session, resuming it if it is suspended,
+// in one of the owner's run slots, as POST /v1/sessions/{id}/runs does.
+func (s *Server) RunSession(ctx context.Context, owner, id string, req moat.Request) (*moat.Result, error) {
+	ss, err := s.find(owner, id)
+	if err != nil {
+		return nil, err
+	}
+	sess, _, done, err := s.use(ctx, ss)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	if len(req.Code) > int(s.cfg.MaxCodeBytes) {
+		return nil, fmt.Errorf("code of %d bytes is over the %v cap: %w", len(req.Code), s.cfg.MaxCodeBytes, errCodeTooLarge)
+	}
+	release, err := s.acquireSlot(ctx, owner)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	start := time.Now()
+	res, err := sess.Run(ctx, req)
+	s.metrics.latency.WithLabelValues(string(ss.rec.Level)).Observe(time.Since(start).Seconds())
+	reason := "none"
+	if err != nil {
+		reason = "error"
+	} else if res.Reason != "" {
+		reason = string(res.Reason)
+	}
+	s.metrics.runs.WithLabelValues(string(ss.rec.Level), reason).Inc()
+	return res, err
+}
+
+// EndSession ends owner's session id, whatever its state.
+func (s *Server) EndSession(owner, id string) error {
+	ss, err := s.find(owner, id)
+	if err != nil {
+		return err
+	}
+	s.endSession(ss, "deleted")
+	return nil
+}
+
+// SuspendSession suspends owner's running session id, waiting for the
+// operations in progress (bounded by ctx and the queue wait). A suspended
+// session stays as it is.
+func (s *Server) SuspendSession(ctx context.Context, owner, id string) error {
+	ss, err := s.find(owner, id)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Duration(s.cfg.QueueWait))
+	defer cancel()
+	return s.suspend(ctx, ss, "api", 0)
+}
+
+// ResumeSession resumes owner's session id if it is suspended.
+func (s *Server) ResumeSession(ctx context.Context, owner, id string) error {
+	_, done, err := s.UseSession(ctx, owner, id)
+	if err != nil {
+		return err
+	}
+	done()
+	return nil
+}
+
+// ExtendSession makes owner's session id end ttl from now (at most
+// MaxSessionTTL), and raises its idle timeout to ttl so that the new end
+// is the one that holds.
+func (s *Server) ExtendSession(owner, id string, ttl time.Duration) (SessionInfo, error) {
+	if ttl <= 0 || ttl > time.Duration(s.cfg.MaxSessionTTL) {
+		return SessionInfo{}, fmt.Errorf("timeout %v must be above zero and at most %v: %w", ttl, s.cfg.MaxSessionTTL, moat.ErrInvalid)
+	}
+	ss, err := s.find(owner, id)
+	if err != nil {
+		return SessionInfo{}, err
+	}
+	ss.mu.Lock()
+	if ss.ended {
+		ss.mu.Unlock()
+		return SessionInfo{}, fmt.Errorf("session %s: %w", id, errSessionClosed)
+	}
+	ss.rec.ExpiresAt = time.Now().UTC().Add(ttl)
+	if time.Duration(ss.rec.IdleTimeout) < ttl {
+		ss.rec.IdleTimeout = moat.Duration(ttl)
+	}
+	// Recorded under the lock: an endSession that begins meanwhile
+	// deletes the record after this, never before.
+	err = s.store.put(ss.rec)
+	ss.mu.Unlock()
+	if err != nil {
+		return SessionInfo{}, err
+	}
+	return ss.info(), nil
+}
+
+// ErrorStatus returns the HTTP status and stable code the server's own
+// routes answer err with.
+func ErrorStatus(err error) (status int, code string) { return classify(err) }
