@@ -294,24 +294,11 @@ func benchIdle(ctx context.Context, fc fileConfig, lvls []moat.Level, n int, asJ
 // benchSuspend prints what suspending and resuming a session costs at each
 // level, plain and with an interpreter.
 func benchSuspend(ctx context.Context, fc fileConfig, lvls []moat.Level, n int, asJSON bool, stdio Stdio, opened *[]moat.Sandbox) int {
-	var rows []bench.SuspendCost
-	for _, l := range lvls {
-		sb, err := openLevel(ctx, fc, l)
-		if err != nil {
-			return exitFor(stdio, err)
-		}
-		*opened = append(*opened, sb)
-		for _, interp := range []bool{false, true} {
-			c, err := bench.MeasureSuspend(ctx, sb, interp, n)
-			if interp && errors.Is(err, moat.ErrUnavailable) {
-				fmt.Fprintf(stdio.Err, "bench: %s: no interpreter sessions: %v\n", l, err)
-				continue
-			}
-			if err != nil {
-				return exitFor(stdio, err)
-			}
-			rows = append(rows, c)
-		}
+	rows, err := measureKinds(ctx, fc, lvls, stdio, opened, func(sb moat.Sandbox, interp bool) (bench.SuspendCost, error) {
+		return bench.MeasureSuspend(ctx, sb, interp, n)
+	})
+	if err != nil {
+		return exitFor(stdio, err)
 	}
 	if asJSON {
 		if err := json.NewEncoder(stdio.Out).Encode(map[string]any{"suspend": rows}); err != nil {
@@ -324,13 +311,7 @@ func benchSuspend(ctx context.Context, fc fileConfig, lvls []moat.Level, n int, 
 	fmt.Fprintf(stdio.Out, "%-11s %-12s %-7s %11s %10s %9s %10s %9s %7s %12s %14s\n",
 		"level", "session", "memory", "suspend ms", "state MiB", "disk MiB", "resume ms", "fresh ms", "ratio", "running MiB", "suspended MiB")
 	for _, r := range rows {
-		kind, kept := "plain", "files"
-		if r.Interpreter {
-			kind = "interpreter"
-		}
-		if r.Memory {
-			kept = "kept"
-		}
+		kind, kept := sessionKind(r.Interpreter, r.Memory)
 		fmt.Fprintf(stdio.Out, "%-11s %-12s %-7s %11s %10s %9s %10s %9s %6.2fx %12s %14s\n",
 			r.Level, kind, kept, ms(r.Suspend), mib(r.StateBytes), mib(r.DiskBytes), ms(r.Resume), ms(r.Fresh), r.Ratio, mib(r.RunningHost), mib(r.SuspendedHost))
 	}
@@ -338,28 +319,53 @@ func benchSuspend(ctx context.Context, fc fileConfig, lvls []moat.Level, n int, 
 	return exitOK
 }
 
-// benchForks prints what sessions forked from one suspended session cost
-// at each level against fresh ones, plain and with an interpreter.
-func benchForks(ctx context.Context, fc fileConfig, lvls []moat.Level, n int, asJSON bool, stdio Stdio, opened *[]moat.Sandbox) int {
-	var rows []bench.ForkCost
+// measureKinds opens each level, adds it to opened, and measures its plain
+// and its interpreter sessions; a level without interpreter sessions gets
+// a line on standard error and only its plain row.
+func measureKinds[T any](ctx context.Context, fc fileConfig, lvls []moat.Level, stdio Stdio, opened *[]moat.Sandbox, measure func(sb moat.Sandbox, interp bool) (T, error)) ([]T, error) {
+	var rows []T
 	for _, l := range lvls {
 		sb, err := openLevel(ctx, fc, l)
 		if err != nil {
-			return exitFor(stdio, err)
+			return nil, err
 		}
 		*opened = append(*opened, sb)
 		for _, interp := range []bool{false, true} {
-			fmt.Fprintf(stdio.Err, "bench: %s: %d forks and %d fresh sessions (interpreter %v)\n", l, n, n, interp)
-			c, err := bench.MeasureForks(ctx, sb, interp, n)
+			c, err := measure(sb, interp)
 			if interp && errors.Is(err, moat.ErrUnavailable) {
 				fmt.Fprintf(stdio.Err, "bench: %s: no interpreter sessions: %v\n", l, err)
 				continue
 			}
 			if err != nil {
-				return exitFor(stdio, err)
+				return nil, err
 			}
 			rows = append(rows, c)
 		}
+	}
+	return rows, nil
+}
+
+// sessionKind names a row's session and what its suspend kept.
+func sessionKind(interpreter, memory bool) (kind, kept string) {
+	kind, kept = "plain", "files"
+	if interpreter {
+		kind = "interpreter"
+	}
+	if memory {
+		kept = "kept"
+	}
+	return kind, kept
+}
+
+// benchForks prints what sessions forked from one suspended session cost
+// at each level against fresh ones, plain and with an interpreter.
+func benchForks(ctx context.Context, fc fileConfig, lvls []moat.Level, n int, asJSON bool, stdio Stdio, opened *[]moat.Sandbox) int {
+	rows, err := measureKinds(ctx, fc, lvls, stdio, opened, func(sb moat.Sandbox, interp bool) (bench.ForkCost, error) {
+		fmt.Fprintf(stdio.Err, "bench: %s: %d forks and %d fresh sessions (interpreter %v)\n", sb.Level(), n, n, interp)
+		return bench.MeasureForks(ctx, sb, interp, n)
+	})
+	if err != nil {
+		return exitFor(stdio, err)
 	}
 	if asJSON {
 		if err := json.NewEncoder(stdio.Out).Encode(map[string]any{"forks": rows}); err != nil {
@@ -372,13 +378,7 @@ func benchForks(ctx context.Context, fc fileConfig, lvls []moat.Level, n int, as
 	fmt.Fprintf(stdio.Out, "%-11s %-12s %-7s %9s %9s %12s %12s %10s %14s %12s\n",
 		"level", "session", "memory", "fork ms", "fresh ms", "forks MiB", "fresh MiB", "state MiB", "suspended fit", "running fit")
 	for _, r := range rows {
-		kind, kept := "plain", "files"
-		if r.Interpreter {
-			kind = "interpreter"
-		}
-		if r.Memory {
-			kept = "kept"
-		}
+		kind, kept := sessionKind(r.Interpreter, r.Memory)
 		fmt.Fprintf(stdio.Out, "%-11s %-12s %-7s %9s %9s %12s %12s %10s %14d %12d\n",
 			r.Level, kind, kept, ms(r.ForkStart), ms(r.FreshStart), mib(r.ForksHost), mib(r.FreshHost), mib(r.StateDisk), r.SuspendedFit, r.RunningFit)
 	}
