@@ -254,6 +254,10 @@ type backend struct {
 	notes []string
 	log   *slog.Logger
 
+	// runscDigest is runsc's binary's, for the key of a checkpoint
+	// (suspend.go), read at the first suspend or resume.
+	runscDigest
+
 	// testFlags are runsc flags that this package's tests add (to make
 	// the sentry panic on a signal); nil otherwise. Set before any boot.
 	testFlags []string

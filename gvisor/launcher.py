@@ -19,9 +19,11 @@
 # namespace flags).
 #
 # Arguments: the filter (hex of struct sock_filter[]), uid, gid, the
-# working directory, the interpreter, the mode ('run', or 'interpreter' for
-# a session's live interpreter), the number N of the interpreter's
-# arguments, those N arguments, then the code's environment. In the mode
+# working directory, the interpreter, the mode ('run'; 'interpreter' for a
+# session's live interpreter; 'init' for the container init of a session
+# with one, which starts each interpreter itself, see serve()), the number
+# N of the interpreter's arguments, those N arguments, then the code's
+# environment. In the mode
 # 'interpreter' (interpreter.go) the interpreter also gets fd 4, its
 # channel of records to the host, which only the run's init keeps, and
 # RLIMIT_CPU lifted: the interpreter lives across runs, and the host's
@@ -89,10 +91,17 @@ def main():
     prog = bytes.fromhex(sys.argv[1])
     uid, gid = int(sys.argv[2]), int(sys.argv[3])
     cwd, python = sys.argv[4], sys.argv[5]
-    interp = sys.argv[6] == 'interpreter'
+    mode = sys.argv[6]
     n = int(sys.argv[7])
     pyargs = sys.argv[8:8 + n]
     env = dict(e.split('=', 1) for e in sys.argv[8 + n:])
+    args = (prog, uid, gid, cwd, python, pyargs, env)
+    if mode == 'init':
+        serve(args)
+    launch(mode == 'interpreter', *args)
+
+
+def launch(interp, prog, uid, gid, cwd, python, pyargs, env):
     try:
         check(libc.unshare(CLONE_NEWPID), 'unshare')
         go_r, go_w = os.pipe()
@@ -135,6 +144,135 @@ def main():
         os.kill(os.getpid(), sig)
         os._exit(125)
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 125)
+
+
+# Mode 'init': the container init of a session with a live interpreter
+# (interpreter.go). It is the sandbox's first process, as root with the
+# interpreter launcher's capabilities, and the only one holding the host's
+# pipes (its stdin, stdout and stderr, which runsc donates again on each
+# restore of a checkpoint, so that the session survives one). It starts each
+# interpreter as a child: a fork that runs launch() in mode 'interpreter'
+# with fds 0 to 4 pipes of this process's (the runs, stdout, stderr, the
+# reports, the records), and relays between those pipes and the host's.
+#
+# From the host, on stdin: frames of kind (1 byte), length (4 bytes,
+# big-endian) and payload: b'S' starts an interpreter (none may run), b'D'
+# is bytes for the interpreter's stdin (dropped when none runs), b'P' asks
+# for a b'P' back. To the host, on stdout: frames of kind (1 byte), length
+# (2 bytes, big-endian) and payload, at most PIPE_BUF bytes in all, so that
+# each write is atomic and a checkpoint never splits one: b'R' once this
+# process is ready, b'o', b'e' and b'r' what the interpreter wrote on its
+# stdout, stderr and records, b'c' one report line of the launcher (pid,
+# ready, status, error), b'z' once every stream of the interpreter has
+# ended, after everything it wrote, and b'P'. Nothing the code writes can
+# make a frame: the frames are this process's, the code's bytes only
+# payloads.
+MAX_OUT = 4096 - 3
+K_OUT = {1: b'o', 2: b'e', 3: b'c', 4: b'r'}
+
+
+def send(kind, payload=b''):
+    while True:
+        n = min(len(payload), MAX_OUT)
+        os.write(1, kind + n.to_bytes(2, 'big') + payload[:n])
+        payload = payload[n:]
+        if not payload:
+            return
+
+
+def spawn(args):
+    ends = [os.pipe() for _ in range(5)]  # runs, out, err, reports, records
+    pid = os.fork()
+    if pid == 0:
+        try:
+            mine = [ends[0][0], ends[1][1], ends[2][1], ends[3][1], ends[4][1]]
+            for fd, end in enumerate(mine):
+                os.dup2(end, fd + 100)
+            for fd in range(5):
+                os.dup2(fd + 100, fd)
+            os.closerange(5, 65536)
+            launch(True, *args)
+        finally:
+            os._exit(125)
+    for i, (r, w) in enumerate(ends):
+        os.close(r if i == 0 else w)
+    reading = {ends[i][0]: i for i in range(1, 5)}
+    for fd in reading:
+        os.set_blocking(fd, False)
+    os.set_blocking(ends[0][1], False)
+    return {'pid': pid, 'stdin': ends[0][1], 'reading': reading, 'pending': b'', 'lines': b''}
+
+
+def serve(args):
+    import resource
+    import select
+    # This process lives as long as the session: RLIMIT_CPU counts its
+    # whole life, and the host's cgroup bounds the session instead.
+    resource.setrlimit(RLIMIT_CPU, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    os.set_blocking(0, False)
+    gen = None
+    inbuf = b''
+    send(b'R')
+    while True:
+        rd, wr = [0], []
+        if gen is not None:
+            rd += list(gen['reading'])
+            if gen['pending']:
+                wr.append(gen['stdin'])
+        rs, ws, _ = select.select(rd, wr, [])
+        if gen is not None and gen['stdin'] in ws:
+            try:
+                n = os.write(gen['stdin'], gen['pending'][:1 << 16])
+                gen['pending'] = gen['pending'][n:]
+            except BlockingIOError:
+                pass
+            except OSError:
+                gen['pending'] = b''
+        for fd in rs:
+            if fd == 0:
+                try:
+                    b = os.read(0, 1 << 16)
+                except BlockingIOError:
+                    continue
+                if not b:
+                    os._exit(0)  # the host is gone
+                inbuf += b
+                continue
+            i = gen['reading'][fd]
+            try:
+                b = os.read(fd, MAX_OUT)
+            except BlockingIOError:
+                continue
+            if b:
+                if i == 3:
+                    # Reports go as whole lines, each in a frame.
+                    gen['lines'] += b
+                    while b'\n' in gen['lines']:
+                        line, gen['lines'] = gen['lines'].split(b'\n', 1)
+                        send(b'c', line[:MAX_OUT])
+                else:
+                    send(K_OUT[i], b)
+                continue
+            os.close(fd)
+            del gen['reading'][fd]
+            if not gen['reading']:
+                os.waitpid(gen['pid'], 0)
+                os.close(gen['stdin'])
+                gen = None
+                send(b'z')
+        while len(inbuf) >= 5:
+            size = int.from_bytes(inbuf[1:5], 'big')
+            if len(inbuf) < 5 + size:
+                break
+            kind, payload, inbuf = inbuf[:1], inbuf[5:5 + size], inbuf[5 + size:]
+            if kind == b'S' and gen is None:
+                gen = spawn(args)
+            elif kind == b'S':
+                send(b'c', b'error an interpreter runs already')
+            elif kind == b'D' and gen is not None:
+                gen['pending'] += payload
+            elif kind == b'P':
+                send(b'P')
 
 
 main()

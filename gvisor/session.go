@@ -130,12 +130,13 @@ type session struct {
 	bg     sync.WaitGroup // prime
 
 	// interpreter says the session keeps a live interpreter
-	// (interpreter.go), started with driverSpec; interp is it, or nil
+	// (interpreter.go), started by the init; interp is it, or nil
 	// before the first run and after one ended it, and ended why the last
 	// one ended. interp and ended are the runs' (which the engine
 	// serializes) and Close's, after them; interp is set under mu.
 	interpreter bool
-	driverSpec  string
+	init        *initConn // the container's init (interpinit.go)
+	initErr     tail      // what the init wrote on its stderr
 	interp      *driver
 	ended       string
 	fileOps     sync.WaitGroup // host file operations in progress (hostfiles.go)
@@ -161,28 +162,31 @@ func (b *backend) sessionCPUTime() time.Duration {
 }
 
 // NewSession boots the session's sandbox and waits until it runs; see
-// engine.SessionBackend. Sessions with a live interpreter are refused with
-// an error wrapping moat.ErrUnavailable: the interpreter and what its runs
-// left running would stay in the sandbox between runs, where only runsc
-// pause can freeze them, and every file operation, which runs in the
-// sandbox, resumes the whole of it.
+// engine.SessionBackend. A session with a live interpreter has the init
+// of interpinit.go as its container's init, which starts the interpreter
+// at the first run; one without has an init that does nothing, and a
+// launcher of its first run started ahead.
 func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (engine.SessionInstance, error) {
-	filter, err := guestFilter()
+	raw, err := guestFilterBytes()
 	if err != nil {
-		return nil, unavailable("sessions need the guest seccomp filter", "", err)
+		return nil, err
 	}
 	for _, p := range []string{"/bin/sh", "/bin/sleep"} {
 		if _, err := os.Stat(filepath.Join(b.rootfs, p)); err != nil {
 			return nil, unavailable("the root filesystem has no "+p+" for the session's init", "rebuild it with 'moat image build'", err)
 		}
 	}
-	spec, work := b.sessionSpec(opts.Interpreter)
 	// One run of the egress proxy for the session's life: its runs share
 	// the placeholders, and each run's notes are the decisions since the
 	// previous one's.
 	var netRun *egress.Run
 	if b.cfg.Egress != nil {
 		netRun = b.cfg.Egress.NewRun()
+	}
+	env := b.codeEnv(netRun)
+	spec, work := b.sessionSpec(opts.Interpreter)
+	if opts.Interpreter {
+		spec = b.withInit(spec, raw, env)
 	}
 	bt, err := b.boot(spec, work, netRun)
 	if err != nil {
@@ -193,53 +197,8 @@ func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (eng
 		bt.remove()
 		return nil, err
 	}
-	bt.stdin.Close()
-	if err := ss.waitReady(ctx); err != nil {
-		return fail(err)
-	}
-	// The init writes nothing more; what it would is dropped.
-	go io.Copy(io.Discard, bt.stdout)
-	go io.Copy(io.Discard, bt.stderr)
-
-	var raw []byte
-	for _, ins := range filter {
-		raw = append(raw, byte(ins.Op), byte(ins.Op>>8), ins.Jt, ins.Jf, byte(ins.K), byte(ins.K>>8), byte(ins.K>>16), byte(ins.K>>24))
-	}
-	code := newSpec(b.rootfs, image.Python, b.limits).Process
-	if netRun != nil {
-		code.Env = append(code.Env, egressEnv(netRun)...)
-	}
-	writeSpec := func(name, mode string, caps []string, pyargs ...string) (string, error) {
-		args := []string{image.Python, "-I", "-S", "-c", launcherPy, hex.EncodeToString(raw),
-			strconv.Itoa(sandboxUID), strconv.Itoa(sandboxGID), code.Cwd, image.Python, mode, strconv.Itoa(len(pyargs))}
-		args = append(append(args, pyargs...), code.Env...)
-		none := []string{}
-		proc := ociProcess{
-			User:            ociUser{UID: 0, GID: 0, AdditionalGids: []uint32{}},
-			Args:            args,
-			Env:             []string{"PATH=/usr/bin:/bin"},
-			Cwd:             "/",
-			Capabilities:    ociCapabilities{Bounding: caps, Effective: caps, Permitted: caps, Inheritable: none, Ambient: none},
-			NoNewPrivileges: true,
-		}
-		pj, err := json.Marshal(proc)
-		if err != nil {
-			return "", fmt.Errorf("gvisor: %w", err)
-		}
-		p := filepath.Join(bt.bundle, name)
-		if err := os.WriteFile(p, pj, 0o600); err != nil {
-			return "", fmt.Errorf("gvisor: %w", err)
-		}
-		return p, nil
-	}
-	// -s: the user site directory the code could write to is not read, so
-	// nothing planted runs as the next run's python3 starts. The
-	// interpreter's -I implies it.
-	if ss.launchSpec, err = writeSpec("launch.json", "run", launcherCaps, "-s", "-"); err != nil {
-		return fail(err)
-	}
 	if opts.Interpreter {
-		if ss.driverSpec, err = writeSpec("driver.json", "interpreter", driverCaps, "-I", "-c", interpreterDriver); err != nil {
+		if err := ss.startInit(ctx, bootTimeout, "start"); err != nil {
 			return fail(err)
 		}
 		// The files are the host's; the interpreter starts with the
@@ -250,7 +209,33 @@ func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (eng
 		close(ss.primed)
 		ss.release()
 		b.log.Debug("gvisor: session started", "id", bt.id, "interpreter", true)
-		return ss, nil
+		return interpSession{ss}, nil
+	}
+	bt.stdin.Close()
+	if err := ss.waitReady(ctx); err != nil {
+		return fail(err)
+	}
+	// The init writes nothing more; what it would is dropped.
+	go io.Copy(io.Discard, bt.stdout)
+	go io.Copy(io.Discard, bt.stderr)
+
+	proc := ociProcess{
+		User: ociUser{UID: 0, GID: 0, AdditionalGids: []uint32{}},
+		// -s: the user site directory the code could write to is not
+		// read, so nothing planted runs as the next run's python3 starts.
+		Args:            b.launcherArgs(raw, env, "run", "-s", "-"),
+		Env:             []string{"PATH=/usr/bin:/bin"},
+		Cwd:             "/",
+		Capabilities:    rootCaps(launcherCaps),
+		NoNewPrivileges: true,
+	}
+	pj, err := json.Marshal(proc)
+	if err != nil {
+		return fail(fmt.Errorf("gvisor: %w", err))
+	}
+	ss.launchSpec = filepath.Join(bt.bundle, "launch.json")
+	if err := os.WriteFile(ss.launchSpec, pj, 0o600); err != nil {
+		return fail(fmt.Errorf("gvisor: %w", err))
 	}
 	ss.Files = sessionfiles.New(ss.exec, sessionfiles.Options{Python: image.Python, Dir: image.WorkDir, FileSize: b.limits.FileSize})
 	// The sandbox runs; the first run's launcher starts now, and the
@@ -259,6 +244,92 @@ func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (eng
 	ss.startPriming()
 	b.log.Debug("gvisor: session started", "id", bt.id)
 	return ss, nil
+}
+
+// guestFilterBytes is the guest seccomp filter as launcher.py takes it:
+// struct sock_filter[], native-endian.
+func guestFilterBytes() ([]byte, error) {
+	filter, err := guestFilter()
+	if err != nil {
+		return nil, unavailable("sessions need the guest seccomp filter", "", err)
+	}
+	var raw []byte
+	for _, ins := range filter {
+		raw = append(raw, byte(ins.Op), byte(ins.Op>>8), ins.Jt, ins.Jf, byte(ins.K), byte(ins.K>>8), byte(ins.K>>16), byte(ins.K>>24))
+	}
+	return raw, nil
+}
+
+// codeEnv is the code's environment: a run's, and the egress proxy's
+// run's, if any.
+func (b *backend) codeEnv(netRun *egress.Run) []string {
+	env := newSpec(b.rootfs, image.Python, b.limits).Process.Env
+	if netRun != nil {
+		env = append(env, egressEnv(netRun)...)
+	}
+	return env
+}
+
+// launcherArgs is the command line of launcher.py in mode (see its
+// comment), for code with the environment env and python3 with pyargs.
+func (b *backend) launcherArgs(raw []byte, env []string, mode string, pyargs ...string) []string {
+	args := []string{image.Python, "-I", "-S", "-c", launcherPy, hex.EncodeToString(raw),
+		strconv.Itoa(sandboxUID), strconv.Itoa(sandboxGID), image.WorkDir, image.Python, mode, strconv.Itoa(len(pyargs))}
+	return append(append(args, pyargs...), env...)
+}
+
+// rootCaps are the capability sets of a root process of moat's with caps.
+func rootCaps(caps []string) ociCapabilities {
+	none := []string{}
+	return ociCapabilities{Bounding: caps, Effective: caps, Permitted: caps, Inheritable: none, Ambient: none}
+}
+
+// withInit makes the container's init of spec, a session's with a live
+// interpreter, launcher.py in mode init (interpinit.go), as root with the
+// interpreter launcher's capabilities. The spec has no seccomp filter:
+// gVisor would apply it to the init and all its descendants, and the init
+// must make a PID namespace for each interpreter; the launcher installs
+// the guest filter on each interpreter itself, as it does for every run of
+// a session (gVisor never applied the spec's filter to those).
+func (b *backend) withInit(spec *ociSpec, raw []byte, env []string) *ociSpec {
+	spec.Process.Args = b.launcherArgs(raw, env, "init", "-I", "-c", interpreterDriver)
+	spec.Process.Env = []string{"PATH=/usr/bin:/bin"}
+	spec.Process.Capabilities = rootCaps(driverCaps)
+	spec.Linux.Seccomp = nil
+	return spec
+}
+
+// startInit reads the frames of the init of a session with a live
+// interpreter (interpinit.go) and waits, at most timeout, until it
+// answers: its first frame after a boot (how "start"), a ping after a
+// restore.
+func (ss *session) startInit(ctx context.Context, timeout time.Duration, how string) error {
+	bt := ss.bt
+	ss.init = newInitConn(ss, bt.stdin, bt.stdout)
+	go io.Copy(io.MultiWriter(io.Discard, &ss.initErr), bt.stderr)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var err error
+	if how == "start" {
+		err = ss.init.waitReady(ctx)
+	} else {
+		err = ss.init.ping(ctx)
+	}
+	if err == nil {
+		return nil
+	}
+	if ctx.Err() == context.DeadlineExceeded {
+		bt.kill()
+		return fmt.Errorf("gvisor: session: the sandbox did not %s within %v: %w", how, timeout, moat.ErrUnavailable)
+	}
+	if ctx.Err() != nil {
+		bt.kill()
+		return ctx.Err()
+	}
+	bt.kill()
+	<-bt.exited
+	ev := ss.sandboxEvidence()
+	return fmt.Errorf("gvisor: session: the sandbox did not %s (%v; %s): %w", how, err, clip(ss.initErr.bytes(), 300), ev.failure())
 }
 
 // sessionSpec is the spec of a session's sandbox: a run's, but for its
@@ -318,7 +389,7 @@ func (ss *session) sandboxEvidence() evidence {
 		ev.runscExit, ev.waitErr = bt.cmd.ProcessState.ExitCode(), bt.waitErr
 	default:
 	}
-	b, _ := os.ReadFile(filepath.Join(bt.bundle, "log-run"))
+	b, _ := os.ReadFile(filepath.Join(bt.bundle, "log-"+bt.command()))
 	ev.run = parseRunLog(b)
 	return ev
 }
@@ -443,11 +514,6 @@ func (ss *session) Close() error {
 	// The host working directory is unmounted by remove, once no file
 	// operation uses it.
 	ss.fileOps.Wait()
-	ss.mu.Lock()
-	if ss.interp != nil {
-		closeAll([]*os.File{ss.interp.proc.stdin})
-	}
-	ss.mu.Unlock()
 	ss.mu.Lock()
 	if r := ss.next; r != nil {
 		closeAll([]*os.File{r.stdin, r.stdout, r.stderr})
