@@ -94,10 +94,14 @@ import (
 // files are its own.
 //
 // A session with a live interpreter (SessionOptions.Interpreter) differs
-// in two things: its runs are handed to one python3 that lives across them
-// (interpreter.go), and its working directory is a tmpfs of the host,
-// bind-mounted into the sandbox, on which the file operations are done from
-// the host (hostfiles.go), so that they never resume the paused sandbox.
+// in three things: its runs are handed to one python3 that lives across
+// them (interpreter.go); its container's init is not a shell but moat's
+// launcher, which starts that python3 and relays its streams, so that
+// nothing of the session but the init holds a host file and a checkpoint
+// of the sandbox keeps it (interpinit.go, suspend.go); and its working
+// directory is a tmpfs of the host, bind-mounted into the sandbox, on which
+// the file operations are done from the host (hostfiles.go), so that they
+// never resume the paused sandbox.
 
 //go:embed launcher.py
 var launcherPy string
