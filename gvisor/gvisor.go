@@ -68,14 +68,13 @@
 // working directory of the host's, so that file operations never resume
 // the paused sandbox. See session.go and interpreter.go.
 //
-// Suspended sessions (moat.Suspender, moat.Resumer): a session with a live
-// interpreter keeps its memory, its variables included: its sandbox is
+// Suspended sessions (moat.Suspender, moat.Resumer) keep their memory, a
+// live interpreter's variables included: the session's sandbox is
 // checkpointed whole (runsc checkpoint) and restored into a new sandbox
 // (runsc restore), one state resuming many times as independent forks; a
 // state of another runsc, platform, set of flags, root filesystem or
-// limits is refused. A session without one keeps its files (the engine's
-// files path). Sessions with a network are not suspended with their
-// memory. See suspend.go.
+// limits is refused. Sessions with a network cannot be suspended yet. See
+// suspend.go.
 //
 // How each Reason is found, from outside the code: timeout, when moat's
 // wall timer or the cgroup's CPU account fires (moat kills the cgroup), or

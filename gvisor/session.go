@@ -121,7 +121,8 @@ var launcherCaps = []string{"CAP_SYS_ADMIN", "CAP_SETPCAP", "CAP_SETUID", "CAP_S
 type session struct {
 	b          *backend
 	bt         *booted
-	launchSpec string // the launcher's process.json
+	launchSpec string   // the launcher's process.json
+	env        []string // the code's environment
 	budget     time.Duration
 	moat.Files
 	seq atomic.Int64 // names the runs' and file operations' files
@@ -213,7 +214,7 @@ func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (eng
 		close(ss.primed)
 		ss.release()
 		b.log.Debug("gvisor: session started", "id", bt.id, "interpreter", true)
-		return interpSession{ss}, nil
+		return ss, nil
 	}
 	bt.stdin.Close()
 	if err := ss.waitReady(ctx); err != nil {
@@ -223,23 +224,9 @@ func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (eng
 	go io.Copy(io.Discard, bt.stdout)
 	go io.Copy(io.Discard, bt.stderr)
 
-	proc := ociProcess{
-		User: ociUser{UID: 0, GID: 0, AdditionalGids: []uint32{}},
-		// -s: the user site directory the code could write to is not
-		// read, so nothing planted runs as the next run's python3 starts.
-		Args:            b.launcherArgs(raw, env, "run", "-s", "-"),
-		Env:             []string{"PATH=/usr/bin:/bin"},
-		Cwd:             "/",
-		Capabilities:    rootCaps(launcherCaps),
-		NoNewPrivileges: true,
-	}
-	pj, err := json.Marshal(proc)
-	if err != nil {
-		return fail(fmt.Errorf("gvisor: %w", err))
-	}
-	ss.launchSpec = filepath.Join(bt.bundle, "launch.json")
-	if err := os.WriteFile(ss.launchSpec, pj, 0o600); err != nil {
-		return fail(fmt.Errorf("gvisor: %w", err))
+	ss.env = env
+	if err := ss.writeLaunchSpec(); err != nil {
+		return fail(err)
 	}
 	ss.Files = sessionfiles.New(ss.exec, sessionfiles.Options{Python: image.Python, Dir: image.WorkDir, FileSize: b.limits.FileSize})
 	// The sandbox runs; the first run's launcher starts now, and the
@@ -248,6 +235,34 @@ func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (eng
 	ss.startPriming()
 	b.log.Debug("gvisor: session started", "id", bt.id)
 	return ss, nil
+}
+
+// writeLaunchSpec writes the process.json of the runs' launcher into the
+// bundle (ss.launchSpec), for code with the environment ss.env.
+func (ss *session) writeLaunchSpec() error {
+	raw, err := guestFilterBytes()
+	if err != nil {
+		return err
+	}
+	proc := ociProcess{
+		User: ociUser{UID: 0, GID: 0, AdditionalGids: []uint32{}},
+		// -s: the user site directory the code could write to is not
+		// read, so nothing planted runs as the next run's python3 starts.
+		Args:            ss.b.launcherArgs(raw, ss.env, "run", "-s", "-"),
+		Env:             []string{"PATH=/usr/bin:/bin"},
+		Cwd:             "/",
+		Capabilities:    rootCaps(launcherCaps),
+		NoNewPrivileges: true,
+	}
+	pj, err := json.Marshal(proc)
+	if err != nil {
+		return fmt.Errorf("gvisor: %w", err)
+	}
+	ss.launchSpec = filepath.Join(ss.bt.bundle, "launch.json")
+	if err := os.WriteFile(ss.launchSpec, pj, 0o600); err != nil {
+		return fmt.Errorf("gvisor: %w", err)
+	}
+	return nil
 }
 
 // guestFilterBytes is the guest seccomp filter as launcher.py takes it:

@@ -19,56 +19,56 @@ import (
 	"time"
 
 	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/image"
 	"github.com/moatsandbox/moat/internal/engine"
+	"github.com/moatsandbox/moat/internal/sessionfiles"
 )
 
-// Suspending a session with a live interpreter keeps its memory.
+// Suspending a session keeps its whole sandbox: memory, processes, files.
 //
-// Such a session's sandbox is checkpointed whole (runsc checkpoint, of the
+// A session's sandbox is checkpointed whole (runsc checkpoint, of the
 // paused sandbox): the sentry's memory, which holds every process of the
-// sandbox (the init, the interpreter and whatever its runs left, all
-// descendants of the container's init, which is what runsc checkpoint
-// saves and runsc restore brings back; a process started with runsc exec
-// would not come back), its /tmp and /dev/shm (tmpfs mounts of the
-// sentry's), and its kernel's state. The working directory is a tmpfs of
-// the host (hostfiles.go), which the checkpoint does not hold: it is saved
-// next to the image as a tar archive. The engine's directory for it
-// (engine.StateSaver) holds
+// sandbox that descends from the container's init (what runsc checkpoint
+// saves and runsc restore brings back: with a live interpreter, the init,
+// the interpreter and whatever its runs left; a process started with
+// runsc exec would not come back, so the launcher primed for a plain
+// session's next run is ended first and primed again after a resume), the
+// sentry's tmpfs mounts (/tmp, /dev/shm, and a plain session's working
+// directory), and its kernel's state. An interpreter session's working
+// directory is a tmpfs of the host (hostfiles.go), which the checkpoint
+// does not hold: it is saved next to the image as a tar archive. The
+// engine's directory for it (engine.StateSaver) holds
 //
 //	sandbox/      runsc's checkpoint image (0700; its file 0600)
-//	work.tar      the working directory: directories, regular files and
-//	              links, with their modes and times
+//	work.tar      an interpreter session's working directory: directories,
+//	              regular files and links, with their modes, owners and times
 //	sandbox.json  savedSandbox: what made the image, and the session's
 //	              host-side state
 //
 // A resume makes a new sandbox as a fresh session's (a bundle, cgroup,
-// runsc root entry and id of its own, and a new host tmpfs filled from
-// work.tar), started with runsc restore from the image, which runsc only
-// reads: one directory resumes many times, each resume a fork sharing
-// nothing writable with another. runsc donates the new sandbox's stdio to
-// the restored init, which is all that held host files, so moat talks to
-// the interpreter again through it. The image must be of this moat's
-// machine: the same runsc (its version and binary), platform and flags,
-// root filesystem, limits and launcher and driver programs, which the key
-// of sandbox.json covers (stateKey); a state of another one is refused
-// with moat.ErrInvalid before anything starts. The session's CPU budget
-// keeps counting from what its runs had used.
+// runsc root entry and id of its own, and for an interpreter a new host
+// tmpfs filled from work.tar), started with runsc restore from the image,
+// which runsc only reads: one directory resumes many times, each resume a
+// fork sharing nothing writable with another. runsc donates the new
+// sandbox's stdio to the restored init, which is all that held host files,
+// so moat talks to the interpreter again through it. The image must be of
+// this moat's machine: the same runsc (its version and binary), platform
+// and flags, root filesystem, limits and launcher and driver programs,
+// which the key of sandbox.json covers (stateKey); a state of another one
+// is refused with moat.ErrInvalid before anything starts. The session's CPU
+// budget keeps counting from what its runs had used.
 //
 // Time and randomness after a resume (checked with runsc 20240729):
 // gVisor's clocks follow the host's (its CLOCK_REALTIME is the host's
-// time when restored; the monotonic clock goes on from where it was), and
-// its random numbers (getrandom, /dev/urandom) are read from the host's
-// generator at each call, so forks of one state draw different ones.
-// Python's string hash seed and the random module's state live in the
-// interpreter's memory and cannot change under it: every fork of one
-// state has the state's.
+// time when restored), and its random numbers (getrandom, /dev/urandom)
+// are read from the host's generator, so forks of one state draw
+// different ones. Python's string hash seed and the random module's state
+// live in the interpreter's memory and cannot change under it: every fork
+// of one state has the state's.
 //
-// Sessions without a live interpreter are suspended through the engine's
-// files path (engine.Session.Suspend): their next run starts a fresh
-// python3 anyway, so only files are kept. A session with a network
-// (Config.Egress) is not suspended with its memory: its code's environment
-// holds its proxy run's CA and secrets' placeholders, which a restored
-// sandbox would need its old run for.
+// A session with a network (Config.Egress) is not suspended: its code's
+// environment holds its proxy run's CA and secrets' placeholders, which a
+// restored sandbox would need its old run for.
 
 const (
 	savedImageDir = "sandbox"
@@ -87,6 +87,8 @@ type savedSandbox struct {
 	Key      string   `json:"key"`
 	Runsc    string   `json:"runsc"`
 	Platform Platform `json:"platform"`
+	// Interpreter says the session has a live interpreter.
+	Interpreter bool `json:"interpreter"`
 	// Live says the interpreter was alive; Pid is its PID namespace's
 	// init's pid, Prev the nonce of its last run, and Ended why the last
 	// one ended when none was alive.
@@ -100,21 +102,31 @@ type savedSandbox struct {
 	SaveMS    int64 `json:"save_ms"`
 }
 
-// interpSession is a session with a live interpreter: its memory is kept
-// across a suspend.
-type interpSession struct{ *session }
-
 var (
-	_ engine.StateSaver    = interpSession{}
+	_ engine.StateSaver    = (*session)(nil)
 	_ engine.StateRestorer = (*backend)(nil)
 )
 
+// stateSpec is the spec of the sandbox of a session that a state is
+// restored into: a new session's, without a network.
+func (b *backend) stateSpec(interpreter bool) (*ociSpec, moat.Bytes, error) {
+	spec, work := b.sessionSpec(interpreter)
+	if !interpreter {
+		return spec, work, nil
+	}
+	raw, err := guestFilterBytes()
+	if err != nil {
+		return nil, 0, err
+	}
+	return b.withInit(spec, raw, b.codeEnv(nil)), work, nil
+}
+
 // stateKey names what a checkpoint image needs to be restored as it was
 // saved: runsc (version and binary), the platform and every flag of
-// runsc's, the root filesystem, and the spec of an interpreter session's
-// sandbox (limits, mounts, the init's, launcher's and driver's programs,
-// the guest filter).
-func (b *backend) stateKey() (string, error) {
+// runsc's, the root filesystem, and the spec of the session's sandbox
+// (limits, mounts, the init's, launcher's and driver's programs, the guest
+// filter), with or without an interpreter.
+func (b *backend) stateKey(interpreter bool) (string, error) {
 	b.runscSumOnce.Do(func() {
 		f, err := os.Open(b.runsc)
 		if err != nil {
@@ -132,12 +144,10 @@ func (b *backend) stateKey() (string, error) {
 	if b.runscSumErr != nil {
 		return "", fmt.Errorf("gvisor: read runsc: %w", b.runscSumErr)
 	}
-	raw, err := guestFilterBytes()
+	spec, work, err := b.stateSpec(interpreter)
 	if err != nil {
 		return "", err
 	}
-	spec, work := b.sessionSpec(true)
-	spec = b.withInit(spec, raw, b.codeEnv(nil))
 	specJSON, err := json.Marshal(spec)
 	if err != nil {
 		return "", fmt.Errorf("gvisor: %w", err)
@@ -148,26 +158,33 @@ func (b *backend) stateKey() (string, error) {
 	}
 	flags := (&booted{b: b, bundle: "BUNDLE", id: "ID"}).runscArgs()
 	h := sha256.New()
-	fmt.Fprintf(h, "moat-gvisor-checkpoint\nformat=%d\nrunsc=%s %s\nflags=%q\nrootfs=%s %s\nwork=%d\nmemory=%d\nspec=",
-		savedFormat, b.info.Version, b.runscSum, flags, b.rootfs, image, work, b.limits.Memory)
+	fmt.Fprintf(h, "moat-gvisor-checkpoint\nformat=%d\ninterpreter=%v\nrunsc=%s %s\nflags=%q\nrootfs=%s %s\nwork=%d\nmemory=%d\nlauncher=%s\nspec=",
+		savedFormat, interpreter, b.info.Version, b.runscSum, flags, b.rootfs, image, work, b.limits.Memory, launcherPy)
 	h.Write(specJSON)
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // SaveState implements engine.StateSaver: the paused sandbox is
-// checkpointed into dir/sandbox, then killed, and its working directory
-// archived into dir/work.tar; then the session is closed. A session with a
-// network is refused (moat.ErrInvalid) and keeps running. When the
-// checkpoint fails the sandbox is killed and the error wraps
+// checkpointed into dir/sandbox, then killed, and a host working
+// directory archived into dir/work.tar; then the session is closed. A
+// session with a network is refused (moat.ErrInvalid) and keeps running.
+// When the checkpoint fails the sandbox is killed and the error wraps
 // moat.ErrClosed.
-func (s interpSession) SaveState(ctx context.Context, dir string) error {
-	ss, b := s.session, s.b
+func (ss *session) SaveState(ctx context.Context, dir string) error {
+	b := ss.b
 	if ss.bt.net != nil {
 		return fmt.Errorf("gvisor: suspend: a session with a network cannot be suspended with its memory yet (its code's environment holds its own proxy run's CA and placeholders): %w", moat.ErrInvalid)
 	}
-	key, err := b.stateKey()
+	key, err := b.stateKey(ss.interpreter)
 	if err != nil {
 		return err
+	}
+	if !ss.interpreter {
+		// The launcher primed for the next run is a process of runsc
+		// exec's, holding host files: no restore would bring it back.
+		if err := ss.unprime(); err != nil {
+			return err
+		}
 	}
 	image := filepath.Join(dir, savedImageDir)
 	if err := os.Mkdir(image, 0o700); err != nil {
@@ -186,7 +203,8 @@ func (s interpSession) SaveState(ctx context.Context, dir string) error {
 		ss.mu.Unlock()
 		return fmt.Errorf("gvisor: suspend: the session's sandbox is in use (%d holds)", ss.holds)
 	}
-	m := savedSandbox{Format: savedFormat, Key: key, Runsc: b.info.Version, Platform: b.platform, CPUUsedNS: int64(ss.spent), Ended: ss.ended}
+	m := savedSandbox{Format: savedFormat, Key: key, Runsc: b.info.Version, Platform: b.platform, Interpreter: ss.interpreter,
+		CPUUsedNS: int64(ss.spent), Ended: ss.ended}
 	if d := ss.interp; d != nil && !d.dead.Load() && !d.ended() {
 		m.Live, m.Pid, m.Prev = true, d.proc.pid, string(d.prev)
 	} else if d != nil && m.Ended == "" {
@@ -209,7 +227,7 @@ func (s interpSession) SaveState(ctx context.Context, dir string) error {
 	}
 	m.SaveMS = time.Since(start).Milliseconds()
 	err = sealImage(image)
-	if err == nil {
+	if err == nil && ss.bt.work != "" {
 		err = archiveWork(ss.bt.work, filepath.Join(dir, savedWorkTar))
 	}
 	if err == nil {
@@ -257,11 +275,13 @@ func sealImage(dir string) error {
 }
 
 // RestoreState implements engine.StateRestorer: a new sandbox restored
-// from dir/sandbox, which it only reads, with a working directory made
-// from dir/work.tar; the interpreter answers through the restored init,
-// and the sandbox is paused. A state of another machine than this
-// sandbox's (see stateKey), or saved with other options, is refused with
-// moat.ErrInvalid before anything starts.
+// from dir/sandbox, which it only reads, with a host working directory
+// made from dir/work.tar where the session has one. With a live
+// interpreter, the interpreter answers through the restored init; without,
+// the next run's launcher is primed as after a run. The sandbox is then
+// paused. A state of another machine than this sandbox's (see stateKey),
+// or saved with other options, is refused with moat.ErrInvalid before
+// anything starts.
 func (b *backend) RestoreState(ctx context.Context, dir string, opts moat.SessionOptions) (engine.SessionInstance, error) {
 	mb, err := os.ReadFile(filepath.Join(dir, savedMetaFile))
 	if err != nil {
@@ -274,13 +294,13 @@ func (b *backend) RestoreState(ctx context.Context, dir string, opts moat.Sessio
 	if m.Format != savedFormat {
 		return nil, fmt.Errorf("gvisor: resume: a state of format %d, this moat reads %d: %w", m.Format, savedFormat, moat.ErrInvalid)
 	}
-	if !opts.Interpreter {
-		return nil, fmt.Errorf("gvisor: resume: the state's session has a live interpreter, the options say none: %w", moat.ErrInvalid)
+	if m.Interpreter != opts.Interpreter {
+		return nil, fmt.Errorf("gvisor: resume: the state's session has interpreter=%v, the options say %v: %w", m.Interpreter, opts.Interpreter, moat.ErrInvalid)
 	}
 	if b.cfg.Egress != nil {
 		return nil, fmt.Errorf("gvisor: resume: the state was saved without a network, and this sandbox gives each session one: %w", moat.ErrInvalid)
 	}
-	key, err := b.stateKey()
+	key, err := b.stateKey(opts.Interpreter)
 	if err != nil {
 		return nil, err
 	}
@@ -288,25 +308,27 @@ func (b *backend) RestoreState(ctx context.Context, dir string, opts moat.Sessio
 		return nil, fmt.Errorf("gvisor: resume: the state is of another sandbox (runsc %s, platform %s, key %s; this one's is runsc %s, platform %s, key %s): runsc, its flags, the root filesystem, the limits or moat's programs changed since: %w",
 			m.Runsc, m.Platform, m.Key, b.info.Version, b.platform, key, moat.ErrInvalid)
 	}
-	if m.Live && (m.Pid <= 1 || len(m.Prev) != nonceLen && m.Prev != "") {
+	if m.Live && (!m.Interpreter || m.Pid <= 1 || len(m.Prev) != nonceLen && m.Prev != "") {
 		return nil, fmt.Errorf("gvisor: resume: %s names no interpreter (pid %d): %w", savedMetaFile, m.Pid, moat.ErrInvalid)
 	}
-	raw, err := guestFilterBytes()
+	spec, work, err := b.stateSpec(opts.Interpreter)
 	if err != nil {
 		return nil, err
 	}
-	spec, work := b.sessionSpec(true)
-	spec = b.withInit(spec, raw, b.codeEnv(nil))
-	tarPath := filepath.Join(dir, savedWorkTar)
-	bt, err := b.bootFrom(spec, work, nil, &restoreSource{
-		image: filepath.Join(dir, savedImageDir),
-		fill:  func(w string) error { return extractWork(tarPath, w) },
-	})
+	from := &restoreSource{image: filepath.Join(dir, savedImageDir)}
+	if opts.Interpreter {
+		tarPath := filepath.Join(dir, savedWorkTar)
+		from.fill = func(w string) error { return extractWork(tarPath, w) }
+	}
+	bt, err := b.bootFrom(spec, work, nil, from)
 	if err != nil {
 		return nil, err
 	}
-	ss := &session{b: b, bt: bt, budget: b.sessionCPUTime(), execs: map[*exec.Cmd]bool{}, interpreter: true,
+	ss := &session{b: b, bt: bt, budget: b.sessionCPUTime(), execs: map[*exec.Cmd]bool{}, interpreter: opts.Interpreter,
 		spent: time.Duration(m.CPUUsedNS), ended: m.Ended}
+	if !opts.Interpreter {
+		return ss.restorePlain(ctx)
+	}
 	if err := ss.startInit(ctx, checkpointTimeout, "restore"); err != nil {
 		bt.remove()
 		return nil, err
@@ -336,7 +358,86 @@ func (b *backend) RestoreState(ctx context.Context, dir string, opts moat.Sessio
 		return nil, err
 	}
 	b.log.Debug("gvisor: session restored", "id", bt.id, "live", m.Live)
-	return interpSession{ss}, nil
+	return ss, nil
+}
+
+// restorePlain waits for the restored sandbox of a session without an
+// interpreter to run, and primes its next run's launcher, which pauses it.
+func (ss *session) restorePlain(ctx context.Context) (engine.SessionInstance, error) {
+	bt := ss.bt
+	bt.stdin.Close()
+	go io.Copy(io.Discard, bt.stdout)
+	go io.Copy(io.MultiWriter(io.Discard, &ss.initErr), bt.stderr)
+	if err := ss.waitRunning(ctx); err != nil {
+		bt.remove()
+		return nil, err
+	}
+	ss.env = ss.b.codeEnv(nil)
+	if err := ss.writeLaunchSpec(); err != nil {
+		bt.remove()
+		return nil, err
+	}
+	ss.Files = sessionfiles.New(ss.exec, sessionfiles.Options{Python: image.Python, Dir: image.WorkDir, FileSize: ss.b.limits.FileSize})
+	ss.holds = 1
+	ss.startPriming()
+	ss.b.log.Debug("gvisor: session restored", "id", bt.id)
+	return ss, nil
+}
+
+// waitRunning waits, at most checkpointTimeout, until runsc says the
+// restored container runs.
+func (ss *session) waitRunning(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, checkpointTimeout)
+	defer cancel()
+	for {
+		out, err := runQuiet(ctx, ss.b.runsc, "--root="+ss.b.runscRoot, "state", ss.bt.id)
+		var st struct {
+			Status string `json:"status"`
+		}
+		if err == nil && json.Unmarshal(out, &st) == nil && st.Status == "running" {
+			return nil
+		}
+		select {
+		case <-ss.bt.exited:
+			ev := ss.sandboxEvidence()
+			return fmt.Errorf("gvisor: resume: the sandbox did not restore (%s): %w", clip(ss.initErr.bytes(), 300), ev.failure())
+		case <-ctx.Done():
+			if ctx.Err() == context.DeadlineExceeded {
+				return fmt.Errorf("gvisor: resume: the sandbox did not restore within %v: %w", checkpointTimeout, moat.ErrUnavailable)
+			}
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// unprime ends the launcher primed for the next run of a session without
+// an interpreter, and waits for its runsc exec to end; the sandbox is
+// paused again after.
+func (ss *session) unprime() error {
+	<-ss.primed
+	ss.mu.Lock()
+	r := ss.next
+	ss.next = nil
+	ss.mu.Unlock()
+	if r == nil {
+		return nil
+	}
+	if err := ss.hold(); err != nil {
+		r.abandon()
+		return err
+	}
+	defer ss.release()
+	r.abandon()
+	select {
+	case <-r.exited:
+		return nil
+	case <-time.After(killGrace):
+		ss.mu.Lock()
+		err := ss.breakLocked(errors.New("the launcher primed for the next run did not end when killed"))
+		ss.mu.Unlock()
+		return err
+	}
 }
 
 // writeFileSync writes a new file of root's alone and syncs it.

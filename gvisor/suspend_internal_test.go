@@ -39,18 +39,22 @@ func openLevel(t *testing.T, cfg Config) *Sandbox {
 func TestRestoreRefusesOtherStates(t *testing.T) {
 	cfg := Config{StateDir: t.TempDir(), Warm: -1}
 	s := openLevel(t, cfg)
-	key, err := s.b.stateKey()
+	key, err := s.b.stateKey(true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Another runsc flag is another key.
 	other := openLevel(t, Config{StateDir: cfg.StateDir, Warm: -1})
 	other.b.testFlags = []string{"--panic-signal=" + strconv.Itoa(int(syscall.SIGUSR2))}
-	otherKey, err := other.b.stateKey()
+	otherKey, err := other.b.stateKey(true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if otherKey == key {
+	plainKey, err := s.b.stateKey(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if otherKey == key || plainKey == key {
 		t.Fatal("a sandbox with another runsc flag has the same state key")
 	}
 	interp := moat.SessionOptions{Interpreter: true}
@@ -58,11 +62,12 @@ func TestRestoreRefusesOtherStates(t *testing.T) {
 		m    savedSandbox
 		opts moat.SessionOptions
 	}{
-		"another runsc's flags": {savedSandbox{Format: savedFormat, Key: otherKey}, interp},
-		"another machine":       {savedSandbox{Format: savedFormat, Key: "0123456789abcdef"}, interp},
-		"another format":        {savedSandbox{Format: savedFormat + 1, Key: key}, interp},
-		"other options":         {savedSandbox{Format: savedFormat, Key: key}, moat.SessionOptions{}},
-		"no interpreter's pid":  {savedSandbox{Format: savedFormat, Key: key, Live: true, Pid: 1}, interp},
+		"another runsc's flags": {savedSandbox{Format: savedFormat, Key: otherKey, Interpreter: true}, interp},
+		"another machine":       {savedSandbox{Format: savedFormat, Key: "0123456789abcdef", Interpreter: true}, interp},
+		"another format":        {savedSandbox{Format: savedFormat + 1, Key: key, Interpreter: true}, interp},
+		"other options":         {savedSandbox{Format: savedFormat, Key: key, Interpreter: true}, moat.SessionOptions{}},
+		"no interpreter's pid":  {savedSandbox{Format: savedFormat, Key: key, Interpreter: true, Live: true, Pid: 1}, interp},
+		"a plain one's key":     {savedSandbox{Format: savedFormat, Key: plainKey, Interpreter: true}, interp},
 	} {
 		dir := t.TempDir()
 		b, _ := json.Marshal(c.m)

@@ -265,3 +265,40 @@ func dirSize(t *testing.T, dir string) int64 {
 	})
 	return n
 }
+
+// A session without an interpreter is checkpointed too: what its runs
+// left in /tmp and /dev/shm (the sentry's own tmpfs mounts, which the
+// files path never kept) comes back with its working directory, the
+// primed launcher of its next run is not part of the state (it held host
+// files), and the resumed session primes a new one and runs.
+func TestSuspendPlainKeepsTmp(t *testing.T) {
+	state := t.TempDir()
+	cfg := gvisor.Config{StateDir: state, Warm: -1}
+	need(t, cfg)
+	me := self(t)
+	sb := newSandbox(t, cfg)
+	defer sb.Close()
+	ss := newSession(t, sb)
+	runOK(t, ss, "open('/tmp/t', 'w').write('tmp'); open('/dev/shm/s', 'w').write('shm'); open('w', 'w').write('work')")
+	dir := filepath.Join(t.TempDir(), "s")
+	info, err := ss.(moat.Suspender).Suspend(context.Background(), dir)
+	if err != nil || !info.Memory {
+		t.Fatalf("Suspend: %+v, %v; want the sandbox kept", info, err)
+	}
+	if left := leftovers(state, me); len(left) > 0 {
+		t.Errorf("a suspended session leaves on the host: %s", strings.Join(left, ", "))
+	}
+	for i := range 2 {
+		r := resumeOne(t, sb, dir)
+		if out := runOK(t, r, "print(open('/tmp/t').read(), open('/dev/shm/s').read(), open('w').read())"); out != "tmp shm work\n" {
+			t.Errorf("fork %d: %q", i, out)
+		}
+		if got := readFile(t, r, "w"); got != "work" {
+			t.Errorf("fork %d: ReadFile(w) = %q", i, got)
+		}
+		r.Close()
+	}
+	if left := leftovers(state, me); len(left) > 0 {
+		t.Errorf("closed resumed sessions leave on the host: %s", strings.Join(left, ", "))
+	}
+}
