@@ -73,8 +73,8 @@
 // checkpointed whole (runsc checkpoint) and restored into a new sandbox
 // (runsc restore), one state resuming many times as independent forks; a
 // state of another runsc, platform, set of flags, root filesystem or
-// limits is refused. Sessions with a network cannot be suspended yet. See
-// suspend.go.
+// limits is refused. Sessions with a network keep only their files (a
+// live interpreter starts fresh on resume). See suspend.go.
 //
 // How each Reason is found, from outside the code: timeout, when moat's
 // wall timer or the cgroup's CPU account fires (moat kills the cgroup), or

@@ -214,7 +214,7 @@ func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (eng
 		close(ss.primed)
 		ss.release()
 		b.log.Debug("gvisor: session started", "id", bt.id, "interpreter", true)
-		return ss, nil
+		return ss.instance(), nil
 	}
 	bt.stdin.Close()
 	if err := ss.waitReady(ctx); err != nil {
@@ -234,7 +234,21 @@ func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (eng
 	ss.holds = 1
 	ss.startPriming()
 	b.log.Debug("gvisor: session started", "id", bt.id)
-	return ss, nil
+	return ss.instance(), nil
+}
+
+// filesOnly is a session the engine suspends through its files path: it
+// is no engine.StateSaver.
+type filesOnly struct{ engine.SessionInstance }
+
+// instance is the session as the engine gets it: one with a network,
+// which cannot be checkpointed (suspend.go), keeps its files when
+// suspended, as at the levels that keep no memory.
+func (ss *session) instance() engine.SessionInstance {
+	if ss.bt.net != nil {
+		return filesOnly{ss}
+	}
+	return ss
 }
 
 // writeLaunchSpec writes the process.json of the runs' launcher into the

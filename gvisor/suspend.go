@@ -66,9 +66,12 @@ import (
 // live in the interpreter's memory and cannot change under it: every fork
 // of one state has the state's.
 //
-// A session with a network (Config.Egress) is not suspended: its code's
-// environment holds its proxy run's CA and secrets' placeholders, which a
-// restored sandbox would need its old run for.
+// A session with a network (Config.Egress) is not checkpointed: its
+// code's environment holds its proxy run's CA and secrets' placeholders,
+// which a restored sandbox would need its old run for. It is suspended
+// through the engine's files path instead (session.go's filesOnly): its
+// files are kept, and a live interpreter starts fresh on resume, said in
+// the resume's notes.
 
 const (
 	savedImageDir = "sandbox"

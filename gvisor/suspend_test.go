@@ -191,21 +191,40 @@ func TestSuspendOtherSandbox(t *testing.T) {
 	}
 }
 
-// A session with a network is refused with ErrInvalid, and goes on.
-func TestSuspendNetworkRefused(t *testing.T) {
+// A session with a network is not checkpointed (its proxy run would not
+// match a restored sandbox's): it keeps its files, as before, and its
+// interpreter starts fresh on resume, said in the notes; the resumed
+// session has a network again.
+func TestSuspendNetworkFilesOnly(t *testing.T) {
 	p := newProxy(t)
 	cfg := gvisor.Config{Egress: p, Warm: -1}
 	need(t, cfg)
 	sb := newSandbox(t, cfg)
 	defer sb.Close()
-	ss := interpSession(t, sb)
-	runOK(t, ss, "x = 1")
-	_, err := ss.(moat.Suspender).Suspend(context.Background(), filepath.Join(t.TempDir(), "s"))
-	if !errors.Is(err, moat.ErrInvalid) {
-		t.Fatalf("Suspend of a session with a network: %v, want ErrInvalid", err)
-	}
-	if out := runOK(t, ss, "print(x + 1)"); out != "2\n" {
-		t.Errorf("the session after a refused suspend: %q", out)
+	for _, interp := range []bool{false, true} {
+		ss, err := sb.NewSession(context.Background(), moat.SessionOptions{Interpreter: interp})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ss.Close()
+		runOK(t, ss, "x = 1\nopen('f', 'w').write('kept')")
+		dir := filepath.Join(t.TempDir(), "s")
+		info, err := ss.(moat.Suspender).Suspend(context.Background(), dir)
+		if err != nil || info.Memory {
+			t.Fatalf("interpreter %v: Suspend of a session with a network: %+v, %v; want its files only", interp, info, err)
+		}
+		r, rinfo, err := sb.ResumeSession(context.Background(), dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		out := runOK(t, r, "import os\ntry:\n print(x)\nexcept NameError:\n print('fresh', open('f').read(), 'HTTPS_PROXY' in os.environ)")
+		if out != "fresh kept True\n" {
+			t.Errorf("interpreter %v: the resumed session: %q", interp, out)
+		}
+		if interp && !strings.Contains(strings.Join(rinfo.Notes, " "), "fresh") {
+			t.Errorf("the resume's notes %q do not say the interpreter starts fresh", rinfo.Notes)
+		}
 	}
 }
 
