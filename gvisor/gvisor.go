@@ -292,6 +292,7 @@ func New(cfg Config) (*Sandbox, error) {
 	}
 	b.owner = id
 	b.reap()
+	go b.digestRunsc() // for the key of suspended sessions (suspend.go)
 	eng, err := engine.New(engine.Config{
 		Level:  moat.LevelGVisor,
 		Limits: cfg.Limits,
