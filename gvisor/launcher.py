@@ -200,7 +200,7 @@ def spawn(args):
     for fd in reading:
         os.set_blocking(fd, False)
     os.set_blocking(ends[0][1], False)
-    return {'pid': pid, 'stdin': ends[0][1], 'reading': reading, 'pending': b'', 'lines': b''}
+    return {'pid': pid, 'stdin': ends[0][1], 'reading': reading, 'pending': bytearray(), 'lines': b''}
 
 
 def serve(args):
@@ -211,7 +211,7 @@ def serve(args):
     resource.setrlimit(RLIMIT_CPU, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
     os.set_blocking(0, False)
     gen = None
-    inbuf = b''
+    inbuf = bytearray()  # bytearrays: taking from the front costs no copy
     send(b'R')
     while True:
         rd, wr = [0], []
@@ -222,12 +222,12 @@ def serve(args):
         rs, ws, _ = select.select(rd, wr, [])
         if gen is not None and gen['stdin'] in ws:
             try:
-                n = os.write(gen['stdin'], gen['pending'][:1 << 16])
-                gen['pending'] = gen['pending'][n:]
+                n = os.write(gen['stdin'], memoryview(gen['pending'])[:1 << 16])
+                del gen['pending'][:n]
             except BlockingIOError:
                 pass
             except OSError:
-                gen['pending'] = b''
+                gen['pending'] = bytearray()
         for fd in rs:
             if fd == 0:
                 try:
@@ -264,7 +264,8 @@ def serve(args):
             size = int.from_bytes(inbuf[1:5], 'big')
             if len(inbuf) < 5 + size:
                 break
-            kind, payload, inbuf = inbuf[:1], inbuf[5:5 + size], inbuf[5 + size:]
+            kind, payload = bytes(inbuf[:1]), inbuf[5:5 + size]
+            del inbuf[:5 + size]
             if kind == b'S' and gen is None:
                 gen = spawn(args)
             elif kind == b'S':

@@ -321,3 +321,28 @@ func TestSuspendPlainKeepsTmp(t *testing.T) {
 		t.Errorf("closed resumed sessions leave on the host: %s", strings.Join(left, ", "))
 	}
 }
+
+// The init relays code of any size to the interpreter, and its output
+// back, whole, before and after a suspend.
+func TestInterpreterRelaysLargeCode(t *testing.T) {
+	need(t, gvisor.Config{})
+	sb := newSandbox(t, gvisor.Config{Warm: -1, Limits: moat.Limits{Output: 8 * moat.MiB}})
+	defer sb.Close()
+	ss := interpSession(t, sb)
+	code := "s = '" + strings.Repeat("ab", 3<<20) + "'\nimport sys\nsys.stdout.write(s)\nprint(len(s))"
+	check := func(when string, s moat.Session) {
+		start := time.Now()
+		res, err := s.Run(context.Background(), moat.Request{Code: []byte(code)})
+		if err != nil {
+			t.Fatalf("%s: Run: %v", when, err)
+		}
+		want := strings.Repeat("ab", 3<<20) + strconv.Itoa(6<<20) + "\n"
+		if string(res.Stdout) != want || res.ExitCode != 0 {
+			t.Errorf("%s: %d bytes of output, want %d; exit %d, reason %q", when, len(res.Stdout), len(want), res.ExitCode, res.Reason)
+		}
+		t.Logf("%s: 6 MiB of code, 6 MiB of output: %v", when, time.Since(start).Round(time.Millisecond))
+	}
+	check("fresh", ss)
+	dir, _ := suspendOne(t, ss)
+	check("resumed", resumeOne(t, sb, dir))
+}
