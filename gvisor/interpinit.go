@@ -68,7 +68,6 @@ type initConn struct {
 
 	mu  sync.Mutex
 	cur *interpProc // the interpreter whose frames come now, or nil
-	bad error       // why the init's frames stopped making sense
 }
 
 // newInitConn reads the init's frames from out, the sandbox's stdout.

@@ -634,7 +634,7 @@ func (ss *session) Start(ctx context.Context, code []byte, stdout, stderr io.Wri
 		r = nil
 	}
 	if r == nil {
-		if r, err = ss.launch(ss.launchSpec, nil); err != nil {
+		if r, err = ss.launch(ss.launchSpec); err != nil {
 			return nil, err
 		}
 	}
@@ -663,7 +663,7 @@ func (ss *session) startPriming() {
 func (ss *session) prime() {
 	defer close(ss.primed)
 	defer ss.release()
-	r, err := ss.launch(ss.launchSpec, nil)
+	r, err := ss.launch(ss.launchSpec)
 	if err != nil {
 		if !errors.Is(err, moat.ErrClosed) {
 			ss.b.log.Warn("gvisor: session: prime the next run", "id", ss.bt.id, "err", err)
@@ -710,11 +710,10 @@ func (ss *session) waitIdle() {
 	}
 }
 
-// launch starts a launcher with runsc exec, with its process.json spec
-// (ss.launchSpec: the run's python3 then waits for its code; or
-// ss.driverSpec), and rec, if not nil, as its fd 4. The caller holds the
-// sandbox.
-func (ss *session) launch(spec string, rec *os.File) (*sessionRun, error) {
+// launch starts a run's launcher with runsc exec, with its process.json
+// spec (ss.launchSpec: the run's python3 then waits for its code). The
+// caller holds the sandbox.
+func (ss *session) launch(spec string) (*sessionRun, error) {
 	bt := ss.bt
 	r := &sessionRun{ss: ss, feed: make(chan struct{}), exited: make(chan struct{}), reported: make(chan struct{}), ready: make(chan struct{})}
 	r.log = filepath.Join(bt.bundle, fmt.Sprintf("log-exec-%d", ss.seq.Add(1)))
@@ -740,10 +739,6 @@ func (ss *session) launch(spec string, rec *os.File) (*sessionRun, error) {
 		Stderr:      errW,
 		ExtraFiles:  []*os.File{repW}, // fd 3: the launcher's reports
 		SysProcAttr: &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL},
-	}
-	if rec != nil {
-		r.cmd.ExtraFiles = append(r.cmd.ExtraFiles, rec)
-		r.cmd.Args = append(r.cmd.Args[:len(r.cmd.Args)-1], "--pass-fd", "4:4", bt.id)
 	}
 	err := ss.startExec(r.cmd)
 	closeAll([]*os.File{inR, outW, errW, repW})
