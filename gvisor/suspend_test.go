@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -75,6 +76,23 @@ func TestSuspendClockAndForks(t *testing.T) {
 	ss := interpSession(t, sb)
 	runOK(t, ss, "import os, time\nx = 1\nos.symlink('made.txt', 'link')\nopen('made.txt', 'w').write('kept')")
 	dir, _ := suspendOne(t, ss)
+	// The checkpoint image is root's alone: its directory 0700, its files
+	// 0600.
+	filepath.Walk(filepath.Join(dir, "state"), func(p string, fi os.FileInfo, err error) error {
+		if err != nil {
+			t.Error(err)
+			return nil
+		}
+		want := os.FileMode(0o600)
+		if fi.IsDir() {
+			want = 0o700
+		}
+		st := fi.Sys().(*syscall.Stat_t)
+		if fi.Mode().Perm() != want || st.Uid != 0 || st.Gid != 0 {
+			t.Errorf("%s: mode %v, owner %d:%d; want %v, root's", p, fi.Mode().Perm(), st.Uid, st.Gid, want)
+		}
+		return nil
+	})
 	if left := leftovers(state, me); len(left) > 0 {
 		t.Errorf("a suspended session leaves on the host: %s", strings.Join(left, ", "))
 	}
