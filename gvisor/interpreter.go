@@ -29,12 +29,11 @@ import (
 // A python3 driven by interpreter_driver.py stays alive between the runs
 // of the session and runs each run's code with exec() in one persistent
 // globals dictionary. It is started by the session's container init
-// (launcher.py's mode init, interpinit.go), which forks the launcher of a
-// run of a session without one: it makes a PID namespace, forks the
-// driver into it as its init, as the session's uid with no capability,
-// no_new_privs and the guest seccomp filter, and reports its pid and end
-// on fd 3. The driver reads its runs on stdin and writes its records on
-// fd 4, a pipe only it holds. All of these are pipes of the sandbox's own
+// (launcher.py's mode init, interpinit.go) as a run's launcher starts a
+// run: as the init of a PID namespace of its own, as the session's uid
+// with no capability, no_new_privs and the guest seccomp filter; the init
+// reports its pid and, from its wait status, its end. The driver reads its
+// runs on stdin and writes its records on fd 4, a pipe only it holds. All of these are pipes of the sandbox's own
 // kernel, which the init relays to and from the host's pipes in frames of
 // its own; so nothing of the interpreter holds a host file, and a
 // checkpoint of the sandbox keeps it (suspend.go).

@@ -19,15 +19,14 @@
 # namespace flags).
 #
 # Arguments: the filter (hex of struct sock_filter[]), uid, gid, the
-# working directory, the interpreter, the mode ('run'; 'interpreter' for a
-# session's live interpreter; 'init' for the container init of a session
-# with one, which starts each interpreter itself, see serve()), the number
-# N of the interpreter's arguments, those N arguments, then the code's
-# environment. In the mode
-# 'interpreter' (interpreter.go) the interpreter also gets fd 4, its
-# channel of records to the host, which only the run's init keeps, and
-# RLIMIT_CPU lifted: the interpreter lives across runs, and the host's
-# cgroup bounds each run's CPU time instead.
+# working directory, the interpreter, the mode ('run'; 'init' for the
+# container init of a session with a live interpreter, which starts each
+# interpreter itself, see serve()), the number N of the interpreter's
+# arguments, those N arguments, then the code's environment. A live
+# interpreter (interpreter.go) also gets fd 4, its channel of records to
+# the host, which only it keeps, and RLIMIT_CPU lifted: the interpreter
+# lives across runs, and the host's cgroup bounds each run's CPU time
+# instead.
 import ctypes
 import os
 import signal
@@ -98,10 +97,10 @@ def main():
     args = (prog, uid, gid, cwd, python, pyargs, env)
     if mode == 'init':
         serve(args)
-    launch(mode == 'interpreter', *args)
+    launch(*args)
 
 
-def launch(interp, prog, uid, gid, cwd, python, pyargs, env):
+def launch(prog, uid, gid, cwd, python, pyargs, env):
     try:
         check(libc.unshare(CLONE_NEWPID), 'unshare')
         go_r, go_w = os.pipe()
@@ -113,9 +112,7 @@ def launch(interp, prog, uid, gid, cwd, python, pyargs, env):
     if pid == 0:
         os.close(go_w)
         os.close(err_r)
-        child(go_r, err_w, prog, uid, gid, cwd, python, interp, pyargs, env)
-    if interp:
-        os.close(4)  # the interpreter's records: its end is the child's alone
+        child(go_r, err_w, prog, uid, gid, cwd, python, False, pyargs, env)
     os.close(go_r)
     os.close(err_w)
     report('pid %d' % pid)
@@ -150,10 +147,12 @@ def launch(interp, prog, uid, gid, cwd, python, pyargs, env):
 # (interpreter.go). It is the sandbox's first process, as root with the
 # interpreter launcher's capabilities, and the only one holding the host's
 # pipes (its stdin, stdout and stderr, which runsc donates again on each
-# restore of a checkpoint, so that the session survives one). It starts each
-# interpreter as a child: a fork that runs launch() in mode 'interpreter'
-# with fds 0 to 4 pipes of this process's (the runs, stdout, stderr, the
-# reports, the records), and relays between those pipes and the host's.
+# restore of a checkpoint, so that the session survives one). It starts
+# each interpreter itself, as launch() starts a run: a child
+# that is the init of a PID namespace of its own (gVisor's unshare gives
+# each call a new namespace for the next child), with fds 0, 1, 2 and 4
+# pipes of this process's (the runs, stdout, stderr, the records), and it
+# relays between those pipes and the host's.
 #
 # From the host, on stdin: frames of kind (1 byte), length (4 bytes,
 # big-endian) and payload: b'S' starts an interpreter (none may run), b'D'
@@ -162,13 +161,13 @@ def launch(interp, prog, uid, gid, cwd, python, pyargs, env):
 # (2 bytes, big-endian) and payload, at most PIPE_BUF bytes in all, so that
 # each write is atomic and a checkpoint never splits one: b'R' once this
 # process is ready, b'o', b'e' and b'r' what the interpreter wrote on its
-# stdout, stderr and records, b'c' one report line of the launcher (pid,
-# ready, status, error), b'z' once every stream of the interpreter has
-# ended, after everything it wrote, and b'P'. Nothing the code writes can
-# make a frame: the frames are this process's, the code's bytes only
-# payloads.
+# stdout, stderr and records, b'c' one report line (pid, ready, status,
+# error, as launch() reports them), b'z' once the interpreter has ended and every stream
+# of it with it, after everything it wrote, and b'P'. Nothing the code
+# writes can make a frame: the frames are this process's, the code's bytes
+# only payloads.
 MAX_OUT = 4096 - 3
-K_OUT = {1: b'o', 2: b'e', 3: b'c', 4: b'r'}
+K_OUT = {1: b'o', 2: b'e', 4: b'r'}
 
 
 def send(kind, payload=b''):
@@ -181,26 +180,68 @@ def send(kind, payload=b''):
 
 
 def spawn(args):
-    ends = [os.pipe() for _ in range(5)]  # runs, out, err, reports, records
-    pid = os.fork()
+    prog, uid, gid, cwd, python, pyargs, env = args
+    ends = [os.pipe() for _ in range(4)]  # runs, out, err, records
+    go_r, go_w = os.pipe()
+    err_r, err_w = os.pipe()
+    mine = [ends[0][0], ends[1][1], ends[2][1], ends[3][1], go_r, err_w]
+    try:
+        check(libc.unshare(CLONE_NEWPID), 'unshare')
+        pid = os.fork()
+    except OSError as e:
+        for fd in mine + [ends[0][1], ends[1][0], ends[2][0], ends[3][0], go_w, err_r]:
+            os.close(fd)
+        send(b'c', ('error %s' % e).encode()[:MAX_OUT])
+        send(b'z')
+        return None
     if pid == 0:
         try:
-            mine = [ends[0][0], ends[1][1], ends[2][1], ends[3][1], ends[4][1]]
-            for fd, end in enumerate(mine):
-                os.dup2(end, fd + 100)
-            for fd in range(5):
-                os.dup2(fd + 100, fd)
-            os.closerange(5, 65536)
-            launch(True, *args)
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            null = os.open('/dev/null', os.O_RDONLY)
+            # 0 runs, 1 out, 2 err, 3 a stand-in that child() closes, 4
+            # records, 5 go, 6 the exec's error (close-on-exec).
+            fds = [ends[0][0], ends[1][1], ends[2][1], null, ends[3][1], go_r, err_w]
+            for i, fd in enumerate(fds):
+                os.dup2(fd, 100 + i)
+            for i in range(len(fds)):
+                os.dup2(100 + i, i, inheritable=(i != 6))
+            os.closerange(len(fds), 65536)
+            child(5, 6, prog, uid, gid, cwd, python, True, pyargs, env)
         finally:
             os._exit(125)
-    for i, (r, w) in enumerate(ends):
-        os.close(r if i == 0 else w)
-    reading = {ends[i][0]: i for i in range(1, 5)}
+    for fd in mine:
+        os.close(fd)
+    send(b'c', b'pid %d' % pid)
+    os.write(go_w, b'g')
+    os.close(go_w)
+    reading = {ends[1][0]: 1, ends[2][0]: 2, ends[3][0]: 4, err_r: 0}
     for fd in reading:
         os.set_blocking(fd, False)
     os.set_blocking(ends[0][1], False)
-    return {'pid': pid, 'stdin': ends[0][1], 'reading': reading, 'pending': bytearray(), 'lines': b''}
+    return {'pid': pid, 'stdin': ends[0][1], 'reading': reading, 'pending': bytearray(),
+            'failed': b'', 'status': None}
+
+
+def reap(gen):
+    """Takes the interpreter's status once it has ended; True once it and
+    every stream of it have ended."""
+    if gen['status'] is None:
+        try:
+            pid, status = os.waitpid(gen['pid'], os.WNOHANG)
+        except ChildProcessError:
+            pid, status = gen['pid'], 0xff00
+        if pid == gen['pid']:
+            gen['status'] = status
+    if gen['status'] is None or gen['reading']:
+        return False
+    if gen['failed']:
+        send(b'c', b'error ' + gen['failed'].replace(b'\n', b' ')[:MAX_OUT - 6])
+    else:
+        send(b'c', b'status %d' % gen['status'])
+    os.close(gen['stdin'])
+    send(b'z')
+    return True
 
 
 def serve(args):
@@ -209,12 +250,19 @@ def serve(args):
     # This process lives as long as the session: RLIMIT_CPU counts its
     # whole life, and the host's cgroup bounds the session instead.
     resource.setrlimit(RLIMIT_CPU, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    # SIGCHLD wakes the loop (an interpreter that closed its streams may
+    # still run; its end is its status).
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     os.set_blocking(0, False)
     gen = None
     inbuf = bytearray()  # bytearrays: taking from the front costs no copy
     send(b'R')
     while True:
-        rd, wr = [0], []
+        rd, wr = [0, wake_r], []
         if gen is not None:
             rd += list(gen['reading'])
             if gen['pending']:
@@ -229,6 +277,12 @@ def serve(args):
             except OSError:
                 gen['pending'] = bytearray()
         for fd in rs:
+            if fd == wake_r:
+                try:
+                    os.read(wake_r, 512)
+                except BlockingIOError:
+                    pass
+                continue
             if fd == 0:
                 try:
                     b = os.read(0, 1 << 16)
@@ -244,22 +298,17 @@ def serve(args):
             except BlockingIOError:
                 continue
             if b:
-                if i == 3:
-                    # Reports go as whole lines, each in a frame.
-                    gen['lines'] += b
-                    while b'\n' in gen['lines']:
-                        line, gen['lines'] = gen['lines'].split(b'\n', 1)
-                        send(b'c', line[:MAX_OUT])
+                if i == 0:
+                    gen['failed'] += b[:512]
                 else:
                     send(K_OUT[i], b)
                 continue
             os.close(fd)
             del gen['reading'][fd]
-            if not gen['reading']:
-                os.waitpid(gen['pid'], 0)
-                os.close(gen['stdin'])
-                gen = None
-                send(b'z')
+            if i == 0 and not gen['failed']:
+                send(b'c', b'ready')
+        if gen is not None and reap(gen):
+            gen = None
         while len(inbuf) >= 5:
             size = int.from_bytes(inbuf[1:5], 'big')
             if len(inbuf) < 5 + size:

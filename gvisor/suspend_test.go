@@ -364,3 +364,21 @@ func TestInterpreterRelaysLargeCode(t *testing.T) {
 	dir, _ := suspendOne(t, ss)
 	check("resumed", resumeOne(t, sb, dir))
 }
+
+// An interpreter that closes every stream it has and goes on running
+// ends at the wall time all the same (the init takes its end from its
+// status, not from its streams), and the next run has a fresh one.
+func TestInterpreterClosesItsStreams(t *testing.T) {
+	need(t, gvisor.Config{})
+	sb := newSandbox(t, gvisor.Config{Warm: -1, Limits: moat.Limits{WallTime: moat.Duration(3 * time.Second)}})
+	defer sb.Close()
+	ss := interpSession(t, sb)
+	runOK(t, ss, "x = 1")
+	res := runIn(t, ss, "import os, time\nos.closerange(0, 4096)\ntime.sleep(60)")
+	if res.Reason != moat.ReasonTimeout {
+		t.Errorf("a run that closed its streams: reason %q, want timeout", res.Reason)
+	}
+	if out := runOK(t, ss, "try:\n print(x)\nexcept NameError:\n print('fresh')"); out != "fresh\n" {
+		t.Errorf("the next run: %q, want a fresh interpreter", out)
+	}
+}
