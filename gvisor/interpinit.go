@@ -364,3 +364,51 @@ func (p *interpProc) giveUp() {
 	ss.mu.Unlock()
 	ss.bt.kill()
 }
+
+// withInit makes the container's init of spec, a session's with a live
+// interpreter, launcher.py in mode init (interpinit.go), as root with the
+// interpreter launcher's capabilities. The spec has no seccomp filter:
+// gVisor would apply it to the init and all its descendants, and the init
+// must make a PID namespace for each interpreter; the launcher installs
+// the guest filter on each interpreter itself, as it does for every run of
+// a session (gVisor never applied the spec's filter to those).
+func (b *backend) withInit(spec *ociSpec, raw []byte, env []string) *ociSpec {
+	spec.Process.Args = b.launcherArgs(raw, env, "init", "-I", "-c", interpreterDriver)
+	spec.Process.Env = []string{"PATH=/usr/bin:/bin"}
+	spec.Process.Capabilities = rootCaps(driverCaps)
+	spec.Linux.Seccomp = nil
+	return spec
+}
+
+// startInit reads the frames of the init of a session with a live
+// interpreter (interpinit.go) and waits, at most timeout, until it
+// answers: its first frame after a boot (how "start"), a ping after a
+// restore.
+func (ss *session) startInit(ctx context.Context, timeout time.Duration, how string) error {
+	bt := ss.bt
+	ss.init = newInitConn(ss, bt.stdin, bt.stdout)
+	go io.Copy(io.MultiWriter(io.Discard, &ss.initErr), bt.stderr)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var err error
+	if how == "start" {
+		err = ss.init.waitReady(ctx)
+	} else {
+		err = ss.init.ping(ctx)
+	}
+	if err == nil {
+		return nil
+	}
+	if ctx.Err() == context.DeadlineExceeded {
+		bt.kill()
+		return fmt.Errorf("gvisor: session: the sandbox did not %s within %v: %w", how, timeout, moat.ErrUnavailable)
+	}
+	if ctx.Err() != nil {
+		bt.kill()
+		return ctx.Err()
+	}
+	bt.kill()
+	<-bt.exited
+	ev := ss.sandboxEvidence()
+	return fmt.Errorf("gvisor: session: the sandbox did not %s (%v; %s): %w", how, err, clip(ss.initErr.bytes(), 300), ev.failure())
+}

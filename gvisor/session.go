@@ -4,8 +4,6 @@ import (
 	"bufio"
 	"context"
 	_ "embed"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -249,120 +247,6 @@ func (ss *session) instance() engine.SessionInstance {
 		return filesOnly{ss}
 	}
 	return ss
-}
-
-// writeLaunchSpec writes the process.json of the runs' launcher into the
-// bundle (ss.launchSpec), for code with the environment ss.env.
-func (ss *session) writeLaunchSpec() error {
-	raw, err := guestFilterBytes()
-	if err != nil {
-		return err
-	}
-	proc := ociProcess{
-		User: ociUser{UID: 0, GID: 0, AdditionalGids: []uint32{}},
-		// -s: the user site directory the code could write to is not
-		// read, so nothing planted runs as the next run's python3 starts.
-		Args:            ss.b.launcherArgs(raw, ss.env, "run", "-s", "-"),
-		Env:             []string{"PATH=/usr/bin:/bin"},
-		Cwd:             "/",
-		Capabilities:    rootCaps(launcherCaps),
-		NoNewPrivileges: true,
-	}
-	pj, err := json.Marshal(proc)
-	if err != nil {
-		return fmt.Errorf("gvisor: %w", err)
-	}
-	ss.launchSpec = filepath.Join(ss.bt.bundle, "launch.json")
-	if err := os.WriteFile(ss.launchSpec, pj, 0o600); err != nil {
-		return fmt.Errorf("gvisor: %w", err)
-	}
-	return nil
-}
-
-// guestFilterBytes is the guest seccomp filter as launcher.py takes it:
-// struct sock_filter[], native-endian.
-func guestFilterBytes() ([]byte, error) {
-	filter, err := guestFilter()
-	if err != nil {
-		return nil, unavailable("sessions need the guest seccomp filter", "", err)
-	}
-	var raw []byte
-	for _, ins := range filter {
-		raw = append(raw, byte(ins.Op), byte(ins.Op>>8), ins.Jt, ins.Jf, byte(ins.K), byte(ins.K>>8), byte(ins.K>>16), byte(ins.K>>24))
-	}
-	return raw, nil
-}
-
-// codeEnv is the code's environment: a run's, and the egress proxy's
-// run's, if any.
-func (b *backend) codeEnv(netRun *egress.Run) []string {
-	env := newSpec(b.rootfs, image.Python, b.limits).Process.Env
-	if netRun != nil {
-		env = append(env, egressEnv(netRun)...)
-	}
-	return env
-}
-
-// launcherArgs is the command line of launcher.py in mode (see its
-// comment), for code with the environment env and python3 with pyargs.
-func (b *backend) launcherArgs(raw []byte, env []string, mode string, pyargs ...string) []string {
-	args := []string{image.Python, "-I", "-S", "-c", launcherPy, hex.EncodeToString(raw),
-		strconv.Itoa(sandboxUID), strconv.Itoa(sandboxGID), image.WorkDir, image.Python, mode, strconv.Itoa(len(pyargs))}
-	return append(append(args, pyargs...), env...)
-}
-
-// rootCaps are the capability sets of a root process of moat's with caps.
-func rootCaps(caps []string) ociCapabilities {
-	none := []string{}
-	return ociCapabilities{Bounding: caps, Effective: caps, Permitted: caps, Inheritable: none, Ambient: none}
-}
-
-// withInit makes the container's init of spec, a session's with a live
-// interpreter, launcher.py in mode init (interpinit.go), as root with the
-// interpreter launcher's capabilities. The spec has no seccomp filter:
-// gVisor would apply it to the init and all its descendants, and the init
-// must make a PID namespace for each interpreter; the launcher installs
-// the guest filter on each interpreter itself, as it does for every run of
-// a session (gVisor never applied the spec's filter to those).
-func (b *backend) withInit(spec *ociSpec, raw []byte, env []string) *ociSpec {
-	spec.Process.Args = b.launcherArgs(raw, env, "init", "-I", "-c", interpreterDriver)
-	spec.Process.Env = []string{"PATH=/usr/bin:/bin"}
-	spec.Process.Capabilities = rootCaps(driverCaps)
-	spec.Linux.Seccomp = nil
-	return spec
-}
-
-// startInit reads the frames of the init of a session with a live
-// interpreter (interpinit.go) and waits, at most timeout, until it
-// answers: its first frame after a boot (how "start"), a ping after a
-// restore.
-func (ss *session) startInit(ctx context.Context, timeout time.Duration, how string) error {
-	bt := ss.bt
-	ss.init = newInitConn(ss, bt.stdin, bt.stdout)
-	go io.Copy(io.MultiWriter(io.Discard, &ss.initErr), bt.stderr)
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	var err error
-	if how == "start" {
-		err = ss.init.waitReady(ctx)
-	} else {
-		err = ss.init.ping(ctx)
-	}
-	if err == nil {
-		return nil
-	}
-	if ctx.Err() == context.DeadlineExceeded {
-		bt.kill()
-		return fmt.Errorf("gvisor: session: the sandbox did not %s within %v: %w", how, timeout, moat.ErrUnavailable)
-	}
-	if ctx.Err() != nil {
-		bt.kill()
-		return ctx.Err()
-	}
-	bt.kill()
-	<-bt.exited
-	ev := ss.sandboxEvidence()
-	return fmt.Errorf("gvisor: session: the sandbox did not %s (%v; %s): %w", how, err, clip(ss.initErr.bytes(), 300), ev.failure())
 }
 
 // sessionSpec is the spec of a session's sandbox: a run's, but for its
