@@ -25,7 +25,8 @@ import (
 // donates them). It starts each interpreter as its child and relays, in
 // frames that only it makes: moat's frames on its stdin (start an
 // interpreter, bytes for its stdin, a ping), the interpreter's streams,
-// records and launcher reports on its stdout. Because the interpreter is a
+// records, and the init's reports of it (its pid, its start, its wait
+// status) on its stdout. Because the interpreter is a
 // descendant of the init and holds no host file, runsc checkpoint saves it
 // and runsc restore brings it back (suspend.go); an interpreter started
 // with runsc exec would not survive a restore. Each frame the init writes
@@ -45,8 +46,8 @@ const (
 	frameOut     = 'o' // the interpreter's stdout
 	frameErr     = 'e' // its stderr
 	frameRecord  = 'r' // its records (fd 4)
-	frameReport  = 'c' // one line of its launcher's reports
-	frameGenDone = 'z' // every stream of the interpreter has ended
+	frameReport  = 'c' // one report line of the init's (as launcher.py's launch() writes them)
+	frameGenDone = 'z' // the interpreter has ended, and every stream of it
 	framePong    = 'P'
 )
 
@@ -222,7 +223,7 @@ func (c *initConn) start() (*interpProc, error) {
 }
 
 // attach makes the interpreter whose frames come next, with pid, its
-// launcher's report of the interpreter's pid, when known already (a
+// init's report of the interpreter's pid, when known already (a
 // restored one).
 func (c *initConn) attach(pid int) (*interpProc, error) {
 	p := &interpProc{c: c, exited: make(chan struct{}), pid: pid}
@@ -269,8 +270,8 @@ func (w initStdin) Write(b []byte) (int, error) {
 }
 
 // interpProc is an interpreter started by the init: its streams, its
-// launcher's reports, and how moat kills it (runsc kill --pid of its PID
-// namespace's init, whose pid the launcher reported).
+// init's reports of it, and how moat kills it (runsc kill --pid of its PID
+// namespace's init, whose pid the init reported).
 type interpProc struct {
 	c                        *initConn
 	stdin                    io.Writer
@@ -278,7 +279,7 @@ type interpProc struct {
 	outW, errW, recW         *os.File
 	tail                     tail
 	exited                   chan struct{} // closed once it ended, everything it wrote passed on
-	waitErr                  error         // why it ended without its launcher's status, once exited
+	waitErr                  error         // why it ended without its status, once exited
 	report                   launchReport  // once exited
 	mu                       sync.Mutex
 	pid                      int
@@ -287,7 +288,7 @@ type interpProc struct {
 	kills                    sync.WaitGroup
 }
 
-// reportLine takes one line of the launcher's reports, as
+// reportLine takes one line of the init's reports, as
 // sessionRun.readReports does.
 func (p *interpProc) reportLine(line string) {
 	kind, arg, _ := strings.Cut(line, " ")
@@ -366,11 +367,12 @@ func (p *interpProc) giveUp() {
 }
 
 // withInit makes the container's init of spec, a session's with a live
-// interpreter, launcher.py in mode init (interpinit.go), as root with the
-// interpreter launcher's capabilities. The spec has no seccomp filter:
-// gVisor would apply it to the init and all its descendants, and the init
-// must make a PID namespace for each interpreter; the launcher installs
-// the guest filter on each interpreter itself, as it does for every run of
+// interpreter, launcher.py in mode init, as root with driverCaps (a run
+// launcher's, and CAP_SYS_RESOURCE to lift RLIMIT_CPU). The spec has no
+// seccomp filter: gVisor would apply it to the init and all its
+// descendants, and the init must make a PID namespace for each
+// interpreter; the init installs the guest filter on each interpreter
+// itself (launcher.py's child()), as a run's launcher does for every run of
 // a session (gVisor never applied the spec's filter to those).
 func (b *backend) withInit(spec *ociSpec, raw []byte, env []string) *ociSpec {
 	spec.Process.Args = b.launcherArgs(raw, env, "init", "-I", "-c", interpreterDriver)

@@ -71,9 +71,9 @@ const nonceLen = 32
 // driver's and are dropped.
 const maxRecord = 4 << 10
 
-// driverCaps are the capabilities of the interpreter's launcher: the
-// launcher's, and CAP_SYS_RESOURCE to lift RLIMIT_CPU. The interpreter
-// itself has none.
+// driverCaps are the capabilities of the init that starts the
+// interpreter (interpinit.go): a run launcher's, and CAP_SYS_RESOURCE to
+// lift RLIMIT_CPU. The interpreter itself has none.
 var driverCaps = append(append([]string{}, launcherCaps...), "CAP_SYS_RESOURCE")
 
 // driver is the session's live interpreter.
