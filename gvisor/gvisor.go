@@ -61,12 +61,20 @@
 // ends every process it started; between runs the sandbox is paused. The
 // session's files (its working directory, nearly all of the disk limit)
 // persist; runs get the run limits, the session as a whole the memory and
-// disk limits and Config.SessionCPUTime of CPU. Sessions with a live
-// interpreter (moat.SessionOptions.Interpreter) are not available at this
-// level: NewSession refuses them with an error wrapping
-// moat.ErrUnavailable, because what an interpreter leaves running between
-// runs could not be kept frozen while a file operation, which runs in the
-// sandbox, resumes it. See session.go.
+// disk limits and Config.SessionCPUTime of CPU. A session with a live
+// interpreter (moat.SessionOptions.Interpreter) keeps one python3 across
+// its runs, started by the sandbox's container init (moat's launcher,
+// which relays its streams: interpinit.go), with the same hardening, and a
+// working directory of the host's, so that file operations never resume
+// the paused sandbox. See session.go and interpreter.go.
+//
+// Suspended sessions (moat.Suspender, moat.Resumer) keep their memory, a
+// live interpreter's variables included: the session's sandbox is
+// checkpointed whole (runsc checkpoint) and restored into a new sandbox
+// (runsc restore), one state resuming many times as independent forks; a
+// state of another runsc, platform, set of flags, root filesystem or
+// limits is refused. Sessions with a network keep only their files (a
+// live interpreter starts fresh on resume). See suspend.go.
 //
 // How each Reason is found, from outside the code: timeout, when moat's
 // wall timer or the cgroup's CPU account fires (moat kills the cgroup), or
@@ -254,6 +262,10 @@ type backend struct {
 	notes []string
 	log   *slog.Logger
 
+	// runscDigest is runsc's binary's, for the key of a checkpoint
+	// (suspend.go), read at the first suspend or resume.
+	runscDigest
+
 	// testFlags are runsc flags that this package's tests add (to make
 	// the sentry panic on a signal); nil otherwise. Set before any boot.
 	testFlags []string
@@ -280,6 +292,7 @@ func New(cfg Config) (*Sandbox, error) {
 	}
 	b.owner = id
 	b.reap()
+	go b.digestRunsc() // for the key of suspended sessions (suspend.go)
 	eng, err := engine.New(engine.Config{
 		Level:  moat.LevelGVisor,
 		Limits: cfg.Limits,

@@ -28,12 +28,15 @@ import (
 //
 // A python3 driven by interpreter_driver.py stays alive between the runs
 // of the session and runs each run's code with exec() in one persistent
-// globals dictionary. It is started like a run of a session without one:
-// runsc exec of the launcher, which makes a PID namespace, forks the
-// driver into it as its init, as the session's uid with no capability,
-// no_new_privs and the guest seccomp filter, and reports its pid and end
-// on fd 3. The driver reads its runs on stdin and writes its records on
-// fd 4, a pipe only it holds (runsc exec --pass-fd).
+// globals dictionary. It is started by the session's container init
+// (launcher.py's mode init, interpinit.go) as a run's launcher starts a
+// run: as the init of a PID namespace of its own, as the session's uid
+// with no capability, no_new_privs and the guest seccomp filter; the init
+// reports its pid and, from its wait status, its end. The driver reads its
+// runs on stdin and writes its records on fd 4, a pipe only it holds. All of these are pipes of the sandbox's own
+// kernel, which the init relays to and from the host's pipes in frames of
+// its own; so nothing of the interpreter holds a host file, and a
+// checkpoint of the sandbox keeps it (suspend.go).
 //
 // Between runs the whole sandbox is paused (runsc pause): no task of it,
 // the interpreter and whatever its runs left running included, is
@@ -68,14 +71,14 @@ const nonceLen = 32
 // driver's and are dropped.
 const maxRecord = 4 << 10
 
-// driverCaps are the capabilities of the interpreter's launcher: the
-// launcher's, and CAP_SYS_RESOURCE to lift RLIMIT_CPU. The interpreter
-// itself has none.
+// driverCaps are the capabilities of the init that starts the
+// interpreter (interpinit.go): a run launcher's, and CAP_SYS_RESOURCE to
+// lift RLIMIT_CPU. The interpreter itself has none.
 var driverCaps = append(append([]string{}, launcherCaps...), "CAP_SYS_RESOURCE")
 
 // driver is the session's live interpreter.
 type driver struct {
-	proc    *sessionRun // the launcher's runsc exec, its streams and reports
+	proc    *interpProc // its streams and its launcher's reports, through the init
 	records chan string // the driver's record lines; closed at its end
 	outs    [2]*marker.Router
 	prev    []byte      // the nonce of the last run whose end was taken
@@ -85,21 +88,11 @@ type driver struct {
 // startDriver starts the interpreter and waits for its first record. The
 // caller holds the sandbox.
 func (ss *session) startDriver(ctx context.Context) (*driver, error) {
-	recR, recW, err := os.Pipe()
+	proc, err := ss.init.start()
 	if err != nil {
-		return nil, fmt.Errorf("gvisor: %w", err)
-	}
-	proc, err := ss.launch(ss.driverSpec, recW)
-	recW.Close()
-	if err != nil {
-		recR.Close()
 		return nil, err
 	}
-	d := &driver{proc: proc, records: make(chan string, 16)}
-	go readRecords(recR, d.records)
-	for i, f := range []*os.File{proc.stdout, proc.stderr} {
-		d.outs[i] = marker.NewRouter(f)
-	}
+	d := newDriver(proc)
 	ctx, cancel := context.WithTimeout(ctx, bootTimeout)
 	defer cancel()
 	for {
@@ -120,6 +113,16 @@ func (ss *session) startDriver(ctx context.Context) (*driver, error) {
 		}
 		return nil, fmt.Errorf("gvisor: session: the interpreter did not start (%v): %s: %w", proc.waitErr, clip(proc.tail.bytes(), 300), moat.ErrUnavailable)
 	}
+}
+
+// newDriver reads the streams and records of proc.
+func newDriver(proc *interpProc) *driver {
+	d := &driver{proc: proc, records: make(chan string, 16)}
+	go readRecords(proc.records, d.records)
+	for i, f := range []*os.File{proc.stdout, proc.stderr} {
+		d.outs[i] = marker.NewRouter(f)
+	}
+	return d
 }
 
 // readRecords passes the driver's record lines on, dropping those too
@@ -151,7 +154,7 @@ func (d *driver) kill() {
 	d.proc.kill()
 }
 
-// ended reports whether the interpreter's runsc exec has ended.
+// ended reports whether the interpreter has ended.
 func (d *driver) ended() bool {
 	select {
 	case <-d.proc.exited:
@@ -242,14 +245,13 @@ func (ss *session) startInterpRun(ctx context.Context, code []byte, stdout, stde
 }
 
 // dropDriver forgets the session's interpreter once it has been killed:
-// its runsc exec ends with its PID namespace.
+// the init reports its end once its PID namespace is gone.
 func (ss *session) dropDriver() {
 	d := ss.interp
 	if d == nil {
 		return
 	}
 	d.kill()
-	closeAll([]*os.File{d.proc.stdin})
 	ss.mu.Lock()
 	ss.interp = nil
 	ss.mu.Unlock()
@@ -338,9 +340,9 @@ func (r *interpRun) Wait() (engine.Evidence, error) {
 	killed, why := r.state()
 	if killed || !got {
 		d.dead.Store(true)
-		// Its PID namespace is gone once runsc exec has ended: then
-		// nothing of it writes the streams, and what is left of them is
-		// this run's.
+		// Its PID namespace is gone once the init reported its end (after
+		// everything it wrote): then nothing of it writes the streams,
+		// and what is left of them is this run's.
 		select {
 		case <-d.proc.exited:
 		case <-time.After(killGrace):
@@ -352,10 +354,6 @@ func (r *interpRun) Wait() (engine.Evidence, error) {
 			case <-d.outs[i].EOF():
 			case <-time.After(streamDrain):
 			}
-		}
-		select {
-		case <-d.proc.reported:
-		case <-time.After(streamDrain):
 		}
 	}
 	for i := range d.outs {

@@ -19,13 +19,14 @@
 # namespace flags).
 #
 # Arguments: the filter (hex of struct sock_filter[]), uid, gid, the
-# working directory, the interpreter, the mode ('run', or 'interpreter' for
-# a session's live interpreter), the number N of the interpreter's
-# arguments, those N arguments, then the code's environment. In the mode
-# 'interpreter' (interpreter.go) the interpreter also gets fd 4, its
-# channel of records to the host, which only the run's init keeps, and
-# RLIMIT_CPU lifted: the interpreter lives across runs, and the host's
-# cgroup bounds each run's CPU time instead.
+# working directory, the interpreter, the mode ('run'; 'init' for the
+# container init of a session with a live interpreter, which starts each
+# interpreter itself, see serve()), the number N of the interpreter's
+# arguments, those N arguments, then the code's environment. A live
+# interpreter (interpreter.go) also gets fd 4, its channel of records to
+# the host, which only it keeps, and RLIMIT_CPU lifted: the interpreter
+# lives across runs, and the host's cgroup bounds each run's CPU time
+# instead.
 import ctypes
 import os
 import signal
@@ -89,10 +90,17 @@ def main():
     prog = bytes.fromhex(sys.argv[1])
     uid, gid = int(sys.argv[2]), int(sys.argv[3])
     cwd, python = sys.argv[4], sys.argv[5]
-    interp = sys.argv[6] == 'interpreter'
+    mode = sys.argv[6]
     n = int(sys.argv[7])
     pyargs = sys.argv[8:8 + n]
     env = dict(e.split('=', 1) for e in sys.argv[8 + n:])
+    args = (prog, uid, gid, cwd, python, pyargs, env)
+    if mode == 'init':
+        serve(args)
+    launch(*args)
+
+
+def launch(prog, uid, gid, cwd, python, pyargs, env):
     try:
         check(libc.unshare(CLONE_NEWPID), 'unshare')
         go_r, go_w = os.pipe()
@@ -104,9 +112,7 @@ def main():
     if pid == 0:
         os.close(go_w)
         os.close(err_r)
-        child(go_r, err_w, prog, uid, gid, cwd, python, interp, pyargs, env)
-    if interp:
-        os.close(4)  # the interpreter's records: its end is the child's alone
+        child(go_r, err_w, prog, uid, gid, cwd, python, False, pyargs, env)
     os.close(go_r)
     os.close(err_w)
     report('pid %d' % pid)
@@ -135,6 +141,188 @@ def main():
         os.kill(os.getpid(), sig)
         os._exit(125)
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 125)
+
+
+# Mode 'init': the container init of a session with a live interpreter
+# (interpreter.go). It is the sandbox's first process, as root with the
+# interpreter launcher's capabilities, and the only one holding the host's
+# pipes (its stdin, stdout and stderr, which runsc donates again on each
+# restore of a checkpoint, so that the session survives one). It starts
+# each interpreter itself, as launch() starts a run: a child
+# that is the init of a PID namespace of its own (gVisor's unshare gives
+# each call a new namespace for the next child), with fds 0, 1, 2 and 4
+# pipes of this process's (the runs, stdout, stderr, the records), and it
+# relays between those pipes and the host's.
+#
+# From the host, on stdin: frames of kind (1 byte), length (4 bytes,
+# big-endian) and payload: b'S' starts an interpreter (none may run), b'D'
+# is bytes for the interpreter's stdin (dropped when none runs), b'P' asks
+# for a b'P' back. To the host, on stdout: frames of kind (1 byte), length
+# (2 bytes, big-endian) and payload, at most PIPE_BUF bytes in all, so that
+# each write is atomic and a checkpoint never splits one: b'R' once this
+# process is ready, b'o', b'e' and b'r' what the interpreter wrote on its
+# stdout, stderr and records, b'c' one report line (pid, ready, status,
+# error, as launch() reports them), b'z' once the interpreter has ended and every stream
+# of it with it, after everything it wrote, and b'P'. Nothing the code
+# writes can make a frame: the frames are this process's, the code's bytes
+# only payloads.
+MAX_OUT = 4096 - 3
+K_OUT = {1: b'o', 2: b'e', 4: b'r'}
+
+
+def send(kind, payload=b''):
+    while True:
+        n = min(len(payload), MAX_OUT)
+        os.write(1, kind + n.to_bytes(2, 'big') + payload[:n])
+        payload = payload[n:]
+        if not payload:
+            return
+
+
+def spawn(args):
+    prog, uid, gid, cwd, python, pyargs, env = args
+    ends = [os.pipe() for _ in range(4)]  # runs, out, err, records
+    go_r, go_w = os.pipe()
+    err_r, err_w = os.pipe()
+    mine = [ends[0][0], ends[1][1], ends[2][1], ends[3][1], go_r, err_w]
+    try:
+        check(libc.unshare(CLONE_NEWPID), 'unshare')
+        pid = os.fork()
+    except OSError as e:
+        for fd in mine + [ends[0][1], ends[1][0], ends[2][0], ends[3][0], go_w, err_r]:
+            os.close(fd)
+        send(b'c', ('error %s' % e).encode()[:MAX_OUT])
+        send(b'z')
+        return None
+    if pid == 0:
+        try:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            null = os.open('/dev/null', os.O_RDONLY)
+            # 0 runs, 1 out, 2 err, 3 a stand-in that child() closes, 4
+            # records, 5 go, 6 the exec's error (close-on-exec).
+            fds = [ends[0][0], ends[1][1], ends[2][1], null, ends[3][1], go_r, err_w]
+            for i, fd in enumerate(fds):
+                os.dup2(fd, 100 + i)
+            for i in range(len(fds)):
+                os.dup2(100 + i, i, inheritable=(i != 6))
+            os.closerange(len(fds), 65536)
+            child(5, 6, prog, uid, gid, cwd, python, True, pyargs, env)
+        finally:
+            os._exit(125)
+    for fd in mine:
+        os.close(fd)
+    send(b'c', b'pid %d' % pid)
+    os.write(go_w, b'g')
+    os.close(go_w)
+    reading = {ends[1][0]: 1, ends[2][0]: 2, ends[3][0]: 4, err_r: 0}
+    for fd in reading:
+        os.set_blocking(fd, False)
+    os.set_blocking(ends[0][1], False)
+    return {'pid': pid, 'stdin': ends[0][1], 'reading': reading, 'pending': bytearray(),
+            'failed': b'', 'status': None}
+
+
+def reap(gen):
+    """Takes the interpreter's status once it has ended; True once it and
+    every stream of it have ended."""
+    if gen['status'] is None:
+        try:
+            pid, status = os.waitpid(gen['pid'], os.WNOHANG)
+        except ChildProcessError:
+            pid, status = gen['pid'], 0xff00
+        if pid == gen['pid']:
+            gen['status'] = status
+    if gen['status'] is None or gen['reading']:
+        return False
+    if gen['failed']:
+        send(b'c', b'error ' + gen['failed'].replace(b'\n', b' ')[:MAX_OUT - 6])
+    else:
+        send(b'c', b'status %d' % gen['status'])
+    os.close(gen['stdin'])
+    send(b'z')
+    return True
+
+
+def serve(args):
+    import resource
+    import select
+    # This process lives as long as the session: RLIMIT_CPU counts its
+    # whole life, and the host's cgroup bounds the session instead.
+    resource.setrlimit(RLIMIT_CPU, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    # SIGCHLD wakes the loop (an interpreter that closed its streams may
+    # still run; its end is its status).
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    os.set_blocking(0, False)
+    gen = None
+    inbuf = bytearray()  # bytearrays: taking from the front costs no copy
+    send(b'R')
+    while True:
+        rd, wr = [0, wake_r], []
+        if gen is not None:
+            rd += list(gen['reading'])
+            if gen['pending']:
+                wr.append(gen['stdin'])
+        rs, ws, _ = select.select(rd, wr, [])
+        if gen is not None and gen['stdin'] in ws:
+            try:
+                n = os.write(gen['stdin'], memoryview(gen['pending'])[:1 << 16])
+                del gen['pending'][:n]
+            except BlockingIOError:
+                pass
+            except OSError:
+                gen['pending'] = bytearray()
+        for fd in rs:
+            if fd == wake_r:
+                try:
+                    os.read(wake_r, 512)
+                except BlockingIOError:
+                    pass
+                continue
+            if fd == 0:
+                try:
+                    b = os.read(0, 1 << 16)
+                except BlockingIOError:
+                    continue
+                if not b:
+                    os._exit(0)  # the host is gone
+                inbuf += b
+                continue
+            i = gen['reading'][fd]
+            try:
+                b = os.read(fd, MAX_OUT)
+            except BlockingIOError:
+                continue
+            if b:
+                if i == 0:
+                    gen['failed'] += b[:512]
+                else:
+                    send(K_OUT[i], b)
+                continue
+            os.close(fd)
+            del gen['reading'][fd]
+            if i == 0 and not gen['failed']:
+                send(b'c', b'ready')
+        if gen is not None and reap(gen):
+            gen = None
+        while len(inbuf) >= 5:
+            size = int.from_bytes(inbuf[1:5], 'big')
+            if len(inbuf) < 5 + size:
+                break
+            kind, payload = bytes(inbuf[:1]), inbuf[5:5 + size]
+            del inbuf[:5 + size]
+            if kind == b'S' and gen is None:
+                gen = spawn(args)
+            elif kind == b'S':
+                send(b'c', b'error an interpreter runs already')
+            elif kind == b'D' and gen is not None:
+                gen['pending'] += payload
+            elif kind == b'P':
+                send(b'P')
 
 
 main()

@@ -52,6 +52,10 @@ type booted struct {
 	// work is the host directory mounted as the working directory, or "".
 	work string
 
+	// image is the checkpoint image this sandbox was restored from
+	// (runsc restore), or "" for a sandbox booted afresh (runsc run).
+	image string
+
 	// net is the egress proxy's run of this sandbox, and netL its listener
 	// in the sandbox's network namespace, or nil without a network
 	// (network.go).
@@ -89,10 +93,28 @@ exec "$@"`
 // when boot fails). The caller has put egressEnv(netRun) in the environment
 // of the spec's code.
 func (b *backend) boot(spec *ociSpec, hostWork moat.Bytes, netRun *egress.Run) (_ *booted, err error) {
+	return b.bootFrom(spec, hostWork, netRun, nil)
+}
+
+// restoreSource is what a sandbox is restored from: a checkpoint image
+// (its directory, which runsc only reads) and what fills the host working
+// directory before runsc starts.
+type restoreSource struct {
+	image string
+	fill  func(work string) error
+}
+
+// bootFrom is boot, or, with from, the restore of a checkpoint with spec
+// (runsc restore instead of runsc run): the same bundle, cgroup, flags,
+// pipes and logs as a fresh sandbox's.
+func (b *backend) bootFrom(spec *ociSpec, hostWork moat.Bytes, netRun *egress.Run, from *restoreSource) (_ *booted, err error) {
 	lim := b.limits
 	var rnd [8]byte
 	rand.Read(rnd[:])
 	bt := &booted{b: b, id: b.owner + "-" + hex.EncodeToString(rnd[:]), exited: make(chan struct{}), logDone: make(chan struct{}), net: netRun}
+	if from != nil {
+		bt.image = from.image
+	}
 	defer func() {
 		if err != nil {
 			bt.remove()
@@ -113,6 +135,11 @@ func (b *backend) boot(spec *ociSpec, hostWork moat.Bytes, netRun *egress.Run) (
 			return nil, err
 		}
 		spec.Mounts = append(spec.Mounts, hostWorkMount(bt.work))
+		if from != nil && from.fill != nil {
+			if err := from.fill(bt.work); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if netRun != nil {
 		if err := withEgress(spec, bt.bundle, b.cfg.Egress); err != nil {
@@ -239,7 +266,19 @@ func (bt *booted) runscArgs() []string {
 		"--panic-log=" + filepath.Join(bt.bundle, "log-panic"),
 	}
 	args = append(args, b.testFlags...)
+	if bt.image != "" {
+		return append(args, "restore", "--image-path="+bt.image, "--bundle="+bt.bundle, bt.id)
+	}
 	return append(args, "run", "--bundle="+bt.bundle, bt.id)
+}
+
+// command is the runsc command that started the sandbox, which names its
+// log (log-run or log-restore).
+func (bt *booted) command() string {
+	if bt.image != "" {
+		return "restore"
+	}
+	return "run"
 }
 
 // alive reports whether runsc still runs. It asks the kernel too (waitid

@@ -4,8 +4,6 @@ import (
 	"bufio"
 	"context"
 	_ "embed"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -94,10 +92,14 @@ import (
 // files are its own.
 //
 // A session with a live interpreter (SessionOptions.Interpreter) differs
-// in two things: its runs are handed to one python3 that lives across them
-// (interpreter.go), and its working directory is a tmpfs of the host,
-// bind-mounted into the sandbox, on which the file operations are done from
-// the host (hostfiles.go), so that they never resume the paused sandbox.
+// in three things: its runs are handed to one python3 that lives across
+// them (interpreter.go); its container's init is not a shell but moat's
+// launcher, which starts that python3 and relays its streams, so that
+// nothing of the session but the init holds a host file and a checkpoint
+// of the sandbox keeps it (interpinit.go, suspend.go); and its working
+// directory is a tmpfs of the host, bind-mounted into the sandbox, on which
+// the file operations are done from the host (hostfiles.go), so that they
+// never resume the paused sandbox.
 
 //go:embed launcher.py
 var launcherPy string
@@ -117,7 +119,8 @@ var launcherCaps = []string{"CAP_SYS_ADMIN", "CAP_SETPCAP", "CAP_SETUID", "CAP_S
 type session struct {
 	b          *backend
 	bt         *booted
-	launchSpec string // the launcher's process.json
+	launchSpec string   // the launcher's process.json
+	env        []string // the code's environment
 	budget     time.Duration
 	moat.Files
 	seq atomic.Int64 // names the runs' and file operations' files
@@ -130,12 +133,13 @@ type session struct {
 	bg     sync.WaitGroup // prime
 
 	// interpreter says the session keeps a live interpreter
-	// (interpreter.go), started with driverSpec; interp is it, or nil
+	// (interpreter.go), started by the init; interp is it, or nil
 	// before the first run and after one ended it, and ended why the last
 	// one ended. interp and ended are the runs' (which the engine
 	// serializes) and Close's, after them; interp is set under mu.
 	interpreter bool
-	driverSpec  string
+	init        *initConn // the container's init (interpinit.go)
+	initErr     tail      // what the init wrote on its stderr
 	interp      *driver
 	ended       string
 	fileOps     sync.WaitGroup // host file operations in progress (hostfiles.go)
@@ -161,28 +165,31 @@ func (b *backend) sessionCPUTime() time.Duration {
 }
 
 // NewSession boots the session's sandbox and waits until it runs; see
-// engine.SessionBackend. Sessions with a live interpreter are refused with
-// an error wrapping moat.ErrUnavailable: the interpreter and what its runs
-// left running would stay in the sandbox between runs, where only runsc
-// pause can freeze them, and every file operation, which runs in the
-// sandbox, resumes the whole of it.
+// engine.SessionBackend. A session with a live interpreter has the init
+// of interpinit.go as its container's init, which starts the interpreter
+// at the first run; one without has an init that does nothing, and a
+// launcher of its first run started ahead.
 func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (engine.SessionInstance, error) {
-	filter, err := guestFilter()
+	raw, err := guestFilterBytes()
 	if err != nil {
-		return nil, unavailable("sessions need the guest seccomp filter", "", err)
+		return nil, err
 	}
 	for _, p := range []string{"/bin/sh", "/bin/sleep"} {
 		if _, err := os.Stat(filepath.Join(b.rootfs, p)); err != nil {
 			return nil, unavailable("the root filesystem has no "+p+" for the session's init", "rebuild it with 'moat image build'", err)
 		}
 	}
-	spec, work := b.sessionSpec(opts.Interpreter)
 	// One run of the egress proxy for the session's life: its runs share
 	// the placeholders, and each run's notes are the decisions since the
 	// previous one's.
 	var netRun *egress.Run
 	if b.cfg.Egress != nil {
 		netRun = b.cfg.Egress.NewRun()
+	}
+	env := b.codeEnv(netRun)
+	spec, work := b.sessionSpec(opts.Interpreter)
+	if opts.Interpreter {
+		spec = b.withInit(spec, raw, env)
 	}
 	bt, err := b.boot(spec, work, netRun)
 	if err != nil {
@@ -193,53 +200,8 @@ func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (eng
 		bt.remove()
 		return nil, err
 	}
-	bt.stdin.Close()
-	if err := ss.waitReady(ctx); err != nil {
-		return fail(err)
-	}
-	// The init writes nothing more; what it would is dropped.
-	go io.Copy(io.Discard, bt.stdout)
-	go io.Copy(io.Discard, bt.stderr)
-
-	var raw []byte
-	for _, ins := range filter {
-		raw = append(raw, byte(ins.Op), byte(ins.Op>>8), ins.Jt, ins.Jf, byte(ins.K), byte(ins.K>>8), byte(ins.K>>16), byte(ins.K>>24))
-	}
-	code := newSpec(b.rootfs, image.Python, b.limits).Process
-	if netRun != nil {
-		code.Env = append(code.Env, egressEnv(netRun)...)
-	}
-	writeSpec := func(name, mode string, caps []string, pyargs ...string) (string, error) {
-		args := []string{image.Python, "-I", "-S", "-c", launcherPy, hex.EncodeToString(raw),
-			strconv.Itoa(sandboxUID), strconv.Itoa(sandboxGID), code.Cwd, image.Python, mode, strconv.Itoa(len(pyargs))}
-		args = append(append(args, pyargs...), code.Env...)
-		none := []string{}
-		proc := ociProcess{
-			User:            ociUser{UID: 0, GID: 0, AdditionalGids: []uint32{}},
-			Args:            args,
-			Env:             []string{"PATH=/usr/bin:/bin"},
-			Cwd:             "/",
-			Capabilities:    ociCapabilities{Bounding: caps, Effective: caps, Permitted: caps, Inheritable: none, Ambient: none},
-			NoNewPrivileges: true,
-		}
-		pj, err := json.Marshal(proc)
-		if err != nil {
-			return "", fmt.Errorf("gvisor: %w", err)
-		}
-		p := filepath.Join(bt.bundle, name)
-		if err := os.WriteFile(p, pj, 0o600); err != nil {
-			return "", fmt.Errorf("gvisor: %w", err)
-		}
-		return p, nil
-	}
-	// -s: the user site directory the code could write to is not read, so
-	// nothing planted runs as the next run's python3 starts. The
-	// interpreter's -I implies it.
-	if ss.launchSpec, err = writeSpec("launch.json", "run", launcherCaps, "-s", "-"); err != nil {
-		return fail(err)
-	}
 	if opts.Interpreter {
-		if ss.driverSpec, err = writeSpec("driver.json", "interpreter", driverCaps, "-I", "-c", interpreterDriver); err != nil {
+		if err := ss.startInit(ctx, bootTimeout, "start"); err != nil {
 			return fail(err)
 		}
 		// The files are the host's; the interpreter starts with the
@@ -250,7 +212,19 @@ func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (eng
 		close(ss.primed)
 		ss.release()
 		b.log.Debug("gvisor: session started", "id", bt.id, "interpreter", true)
-		return ss, nil
+		return ss.instance(), nil
+	}
+	bt.stdin.Close()
+	if err := ss.waitReady(ctx); err != nil {
+		return fail(err)
+	}
+	// The init writes nothing more; what it would is dropped.
+	go io.Copy(io.Discard, bt.stdout)
+	go io.Copy(io.Discard, bt.stderr)
+
+	ss.env = env
+	if err := ss.writeLaunchSpec(); err != nil {
+		return fail(err)
 	}
 	ss.Files = sessionfiles.New(ss.exec, sessionfiles.Options{Python: image.Python, Dir: image.WorkDir, FileSize: b.limits.FileSize})
 	// The sandbox runs; the first run's launcher starts now, and the
@@ -258,7 +232,21 @@ func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (eng
 	ss.holds = 1
 	ss.startPriming()
 	b.log.Debug("gvisor: session started", "id", bt.id)
-	return ss, nil
+	return ss.instance(), nil
+}
+
+// filesOnly is a session the engine suspends through its files path: it
+// is no engine.StateSaver.
+type filesOnly struct{ engine.SessionInstance }
+
+// instance is the session as the engine gets it: one with a network,
+// which cannot be checkpointed (suspend.go), keeps its files when
+// suspended, as at the levels that keep no memory.
+func (ss *session) instance() engine.SessionInstance {
+	if ss.bt.net != nil {
+		return filesOnly{ss}
+	}
+	return ss
 }
 
 // sessionSpec is the spec of a session's sandbox: a run's, but for its
@@ -318,7 +306,7 @@ func (ss *session) sandboxEvidence() evidence {
 		ev.runscExit, ev.waitErr = bt.cmd.ProcessState.ExitCode(), bt.waitErr
 	default:
 	}
-	b, _ := os.ReadFile(filepath.Join(bt.bundle, "log-run"))
+	b, _ := os.ReadFile(filepath.Join(bt.bundle, "log-"+bt.command()))
 	ev.run = parseRunLog(b)
 	return ev
 }
@@ -444,11 +432,6 @@ func (ss *session) Close() error {
 	// operation uses it.
 	ss.fileOps.Wait()
 	ss.mu.Lock()
-	if ss.interp != nil {
-		closeAll([]*os.File{ss.interp.proc.stdin})
-	}
-	ss.mu.Unlock()
-	ss.mu.Lock()
 	if r := ss.next; r != nil {
 		closeAll([]*os.File{r.stdin, r.stdout, r.stderr})
 		ss.next = nil
@@ -535,7 +518,7 @@ func (ss *session) Start(ctx context.Context, code []byte, stdout, stderr io.Wri
 		r = nil
 	}
 	if r == nil {
-		if r, err = ss.launch(ss.launchSpec, nil); err != nil {
+		if r, err = ss.launch(ss.launchSpec); err != nil {
 			return nil, err
 		}
 	}
@@ -564,7 +547,7 @@ func (ss *session) startPriming() {
 func (ss *session) prime() {
 	defer close(ss.primed)
 	defer ss.release()
-	r, err := ss.launch(ss.launchSpec, nil)
+	r, err := ss.launch(ss.launchSpec)
 	if err != nil {
 		if !errors.Is(err, moat.ErrClosed) {
 			ss.b.log.Warn("gvisor: session: prime the next run", "id", ss.bt.id, "err", err)
@@ -611,11 +594,10 @@ func (ss *session) waitIdle() {
 	}
 }
 
-// launch starts a launcher with runsc exec, with its process.json spec
-// (ss.launchSpec: the run's python3 then waits for its code; or
-// ss.driverSpec), and rec, if not nil, as its fd 4. The caller holds the
-// sandbox.
-func (ss *session) launch(spec string, rec *os.File) (*sessionRun, error) {
+// launch starts a run's launcher with runsc exec, with its process.json
+// spec (ss.launchSpec: the run's python3 then waits for its code). The
+// caller holds the sandbox.
+func (ss *session) launch(spec string) (*sessionRun, error) {
 	bt := ss.bt
 	r := &sessionRun{ss: ss, feed: make(chan struct{}), exited: make(chan struct{}), reported: make(chan struct{}), ready: make(chan struct{})}
 	r.log = filepath.Join(bt.bundle, fmt.Sprintf("log-exec-%d", ss.seq.Add(1)))
@@ -641,10 +623,6 @@ func (ss *session) launch(spec string, rec *os.File) (*sessionRun, error) {
 		Stderr:      errW,
 		ExtraFiles:  []*os.File{repW}, // fd 3: the launcher's reports
 		SysProcAttr: &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL},
-	}
-	if rec != nil {
-		r.cmd.ExtraFiles = append(r.cmd.ExtraFiles, rec)
-		r.cmd.Args = append(r.cmd.Args[:len(r.cmd.Args)-1], "--pass-fd", "4:4", bt.id)
 	}
 	err := ss.startExec(r.cmd)
 	closeAll([]*os.File{inR, outW, errW, repW})

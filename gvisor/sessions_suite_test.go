@@ -33,11 +33,12 @@ func TestSessions(t *testing.T) {
 	})
 }
 
-// TestSuspend runs the suspended sessions' suite: the files come back, the
-// live interpreter starts fresh (this level keeps no memory yet).
+// TestSuspend runs the suspended sessions' suite with memory: the files
+// come back, and a live interpreter's variables too (the sandbox is
+// checkpointed whole), in each of two forks of one state.
 func TestSuspend(t *testing.T) {
 	need(t, gvisor.Config{})
 	sandboxtest.TestSuspend(t, func(t *testing.T, l moat.Limits) moat.Sandbox {
 		return newSandbox(t, gvisor.Config{Limits: l, Warm: -1})
-	}, sandboxtest.SuspendOptions{})
+	}, sandboxtest.SuspendOptions{Memory: true})
 }

@@ -77,9 +77,9 @@ func TestSessionsAtEveryLevel(t *testing.T) {
 			}()
 			url := "http://" + ln.Addr().String()
 			r := must(t, call(t, "GET", url+"/v1/levels", tokenA, nil), 200)
-			// Only the microvm level keeps a session's memory across a
-			// suspend.
-			if want := fmt.Sprintf(`{"level":%q,"default":true,"sessions":true,"suspend":true,"suspend_memory":%v}`, l, l == moat.LevelMicroVM); !strings.Contains(string(r.Body), want) {
+			// The microvm and gvisor levels keep a session's memory across
+			// a suspend.
+			if want := fmt.Sprintf(`{"level":%q,"default":true,"sessions":true,"suspend":true,"suspend_memory":%v}`, l, l == moat.LevelMicroVM || l == moat.LevelGVisor); !strings.Contains(string(r.Body), want) {
 				t.Fatalf("levels: %s, want %s", r.Body, want)
 			}
 			for _, interp := range []bool{false, true} {

@@ -87,6 +87,6 @@ type doctorLine struct {
 var suspendKeepsMemory = map[moat.Level]bool{
 	moat.LevelSubprocess: false,
 	moat.LevelContainer:  false,
-	moat.LevelGVisor:     false,
+	moat.LevelGVisor:     true,
 	moat.LevelMicroVM:    true,
 }

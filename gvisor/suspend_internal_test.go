@@ -1,0 +1,188 @@
+package gvisor
+
+import (
+	"archive/tar"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+
+	"github.com/moatsandbox/moat"
+)
+
+// openLevel opens the level with cfg, or skips t where it cannot run
+// (never under CI=true).
+func openLevel(t *testing.T, cfg Config) *Sandbox {
+	t.Helper()
+	if a := Check(context.Background(), cfg); !a.Available {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("the gvisor level cannot run here: %s; CI must test it", a.Reason)
+		}
+		t.Skipf("the gvisor level cannot run here: %s (%s)", a.Reason, a.Remedy)
+	}
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// A state is restored only by a sandbox whose key is the state's (runsc,
+// its flags, the root filesystem, the limits, moat's programs), of this
+// format and with the options it was saved with; each refusal is
+// ErrInvalid and starts nothing.
+func TestRestoreRefusesOtherStates(t *testing.T) {
+	cfg := Config{StateDir: t.TempDir(), Warm: -1}
+	s := openLevel(t, cfg)
+	key, err := s.b.stateKey(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another runsc flag is another key.
+	other := openLevel(t, Config{StateDir: cfg.StateDir, Warm: -1})
+	other.b.testFlags = []string{"--panic-signal=" + strconv.Itoa(int(syscall.SIGUSR2))}
+	otherKey, err := other.b.stateKey(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plainKey, err := s.b.stateKey(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if otherKey == key || plainKey == key {
+		t.Fatal("a sandbox with another runsc flag has the same state key")
+	}
+	interp := moat.SessionOptions{Interpreter: true}
+	for name, c := range map[string]struct {
+		m    savedSandbox
+		opts moat.SessionOptions
+	}{
+		"another runsc's flags": {savedSandbox{Format: savedFormat, Key: otherKey, Interpreter: true}, interp},
+		"another machine":       {savedSandbox{Format: savedFormat, Key: "0123456789abcdef", Interpreter: true}, interp},
+		"another format":        {savedSandbox{Format: savedFormat + 1, Key: key, Interpreter: true}, interp},
+		"other options":         {savedSandbox{Format: savedFormat, Key: key, Interpreter: true}, moat.SessionOptions{}},
+		"no interpreter's pid":  {savedSandbox{Format: savedFormat, Key: key, Interpreter: true, Live: true, Pid: 1}, interp},
+		"a plain one's key":     {savedSandbox{Format: savedFormat, Key: plainKey, Interpreter: true}, interp},
+	} {
+		dir := t.TempDir()
+		b, _ := json.Marshal(c.m)
+		os.WriteFile(filepath.Join(dir, savedMetaFile), b, 0o600)
+		os.Mkdir(filepath.Join(dir, savedImageDir), 0o700)
+		os.WriteFile(filepath.Join(dir, savedImageDir, "checkpoint.img"), []byte("not an image"), 0o600)
+		inst, err := s.b.RestoreState(context.Background(), dir, c.opts)
+		if !errors.Is(err, moat.ErrInvalid) {
+			if inst != nil {
+				inst.Close()
+			}
+			t.Errorf("%s: RestoreState = %v, want an error wrapping ErrInvalid", name, err)
+		}
+	}
+	if left, _ := os.ReadDir(s.b.bundles); len(left) > 0 {
+		t.Errorf("a refused state made %d bundles", len(left))
+	}
+	if left, _ := os.ReadDir(s.b.runscRoot); len(left) > 0 {
+		t.Errorf("a refused state left %d entries in runsc's root", len(left))
+	}
+}
+
+// A damaged working directory archive is refused with ErrInvalid: names
+// that leave the directory, and kinds of file that archiveWork never
+// writes.
+func TestExtractWorkRefuses(t *testing.T) {
+	for name, write := range map[string]func(w *tarWriter){
+		"a name with ..":   func(w *tarWriter) { w.file("../escape", "x") },
+		"an absolute name": func(w *tarWriter) { w.file("/etc/escape", "x") },
+		"a device":         func(w *tarWriter) { w.dev("null") },
+		"a hard link":      func(w *tarWriter) { w.hardlink("l", "/etc/passwd") },
+	} {
+		t.Run(name, func(t *testing.T) {
+			src := filepath.Join(t.TempDir(), "work.tar")
+			w := newTarWriter(t, src)
+			write(w)
+			w.close()
+			work := t.TempDir()
+			if err := extractWork(src, work); !errors.Is(err, moat.ErrInvalid) {
+				t.Errorf("extractWork = %v, want an error wrapping ErrInvalid", err)
+			}
+			if _, err := os.Stat(filepath.Join(filepath.Dir(work), "escape")); err == nil {
+				t.Error("a file was written outside the working directory")
+			}
+		})
+	}
+}
+
+// archiveWork and extractWork keep directories, files and links with
+// their modes, owners and times.
+func TestArchiveWorkRoundTrip(t *testing.T) {
+	src := t.TempDir()
+	os.MkdirAll(filepath.Join(src, "d/e"), 0o750)
+	os.WriteFile(filepath.Join(src, "d/f"), []byte("data"), 0o640)
+	os.Symlink("../d/f", filepath.Join(src, "d/e/link"))
+	os.Chown(filepath.Join(src, "d/f"), sandboxUID, sandboxGID)
+	tarFile := filepath.Join(t.TempDir(), "work.tar")
+	if err := archiveWork(src, tarFile); err != nil {
+		t.Fatal(err)
+	}
+	dst := t.TempDir()
+	if err := extractWork(tarFile, dst); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"d", "d/e", "d/f", "d/e/link"} {
+		a, err1 := os.Lstat(filepath.Join(src, name))
+		b, err2 := os.Lstat(filepath.Join(dst, name))
+		if err1 != nil || err2 != nil {
+			t.Fatalf("%s: %v %v", name, err1, err2)
+		}
+		sa, sb := a.Sys().(*syscall.Stat_t), b.Sys().(*syscall.Stat_t)
+		if a.Mode() != b.Mode() || sa.Uid != sb.Uid || sa.Gid != sb.Gid || (!a.IsDir() && a.Mode()&os.ModeSymlink == 0 && !a.ModTime().Equal(b.ModTime())) {
+			t.Errorf("%s: saved %v %d:%d %v, restored %v %d:%d %v", name, a.Mode(), sa.Uid, sa.Gid, a.ModTime(), b.Mode(), sb.Uid, sb.Gid, b.ModTime())
+		}
+	}
+	if l, _ := os.Readlink(filepath.Join(dst, "d/e/link")); l != "../d/f" {
+		t.Errorf("the link points to %q", l)
+	}
+}
+
+// tarWriter writes hand-made archives for the tests of extractWork.
+type tarWriter struct {
+	t  *testing.T
+	f  *os.File
+	tw *tar.Writer
+}
+
+func newTarWriter(t *testing.T, path string) *tarWriter {
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &tarWriter{t: t, f: f, tw: tar.NewWriter(f)}
+}
+
+func (w *tarWriter) header(h *tar.Header) {
+	if err := w.tw.WriteHeader(h); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+func (w *tarWriter) file(name, data string) {
+	w.header(&tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(data))})
+	w.tw.Write([]byte(data))
+}
+
+func (w *tarWriter) dev(name string) {
+	w.header(&tar.Header{Name: name, Typeflag: tar.TypeChar, Mode: 0o666, Devmajor: 1, Devminor: 3})
+}
+
+func (w *tarWriter) hardlink(name, target string) {
+	w.header(&tar.Header{Name: name, Typeflag: tar.TypeLink, Linkname: target})
+}
+
+func (w *tarWriter) close() {
+	w.tw.Close()
+	w.f.Close()
+}
