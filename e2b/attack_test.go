@@ -1,0 +1,79 @@
+package e2b_test
+
+// Hostile probes of the E2B API: one valid key (and its sandboxes), or
+// none, on loopback. Each test names the hole it closes or the defence it
+// pins.
+
+import (
+	"testing"
+	"time"
+
+	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/e2b"
+	"github.com/moatsandbox/moat/server"
+)
+
+// A sandbox lives at most its creation plus the operator's
+// max_session_ttl, as a session of moat's own API: setTimeout and connect
+// used to set its end to now plus the timeout each time, so that a key
+// could keep one alive for ever by calling either in a loop.
+func TestLifetimeCappedAtMaxTTL(t *testing.T) {
+	max := 4 * time.Second
+	ts := startServer(t, moat.Limits{}, func(c *server.Config, _ *e2b.Config) {
+		c.MaxSessionTTL, c.SessionTTL, c.IdleTimeout = moat.Duration(max), moat.Duration(max), moat.Duration(max)
+	})
+	c := ts.create(t, keyA, map[string]any{"timeout": 4})
+	time.Sleep(1500 * time.Millisecond)
+	var e struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	}
+	if resp := ts.do(t, keyA, "POST", "/sandboxes/"+c.SandboxID+"/timeout", map[string]any{"timeout": 4}, &e); resp.StatusCode != 400 || e.Code != 400 {
+		t.Errorf("setTimeout past creation plus the maximum ttl: %d %+v, want 400", resp.StatusCode, e)
+	}
+	capEnd := func() time.Duration {
+		info, err := ts.srv.Session("a", c.SandboxID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.ExpiresAt.Sub(info.CreatedAt)
+	}
+	if d := capEnd(); d > max {
+		t.Errorf("after setTimeout the sandbox ends %v after its creation, past the maximum %v", d, max)
+	}
+	// Connect never fails for it (the SDK sends its default timeout), and
+	// extends the life only up to the cap.
+	if resp := ts.do(t, keyA, "POST", "/v2/sandboxes/"+c.SandboxID+"/connect", map[string]any{"timeout": 4}, nil); resp.StatusCode != 200 {
+		t.Errorf("connect: %d %s, want 200", resp.StatusCode, readAll(t, resp))
+	}
+	if d := capEnd(); d > max {
+		t.Errorf("after connect the sandbox ends %v after its creation, past the maximum %v", d, max)
+	}
+	// Within the cap, setTimeout still works.
+	if resp := ts.do(t, keyA, "POST", "/sandboxes/"+c.SandboxID+"/timeout", map[string]any{"timeout": 1}, nil); resp.StatusCode != 204 {
+		t.Errorf("setTimeout within the cap: %d %s, want 204", resp.StatusCode, readAll(t, resp))
+	}
+}
+
+// A timeout in seconds so large that it wraps around in nanoseconds is
+// refused, not taken for the small duration it wraps to.
+func TestTimeoutOverflow(t *testing.T) {
+	ts := startServer(t, moat.Limits{}, nil)
+	c := ts.create(t, keyA, nil)
+	// 18446744074s is 2^64ns plus 290ms.
+	for _, secs := range []int64{18446744074, 9223372037, -1, 0} {
+		if resp := ts.do(t, keyA, "POST", "/v2/sandboxes", map[string]any{"timeout": secs}, nil); resp.StatusCode != 400 {
+			t.Errorf("create with timeout %d: %d, want 400", secs, resp.StatusCode)
+		}
+		if resp := ts.do(t, keyA, "POST", "/sandboxes/"+c.SandboxID+"/timeout", map[string]any{"timeout": secs}, nil); resp.StatusCode != 400 {
+			t.Errorf("setTimeout %d: %d, want 400", secs, resp.StatusCode)
+		}
+		if resp := ts.do(t, keyA, "POST", "/v2/sandboxes/"+c.SandboxID+"/connect", map[string]any{"timeout": secs}, nil); resp.StatusCode != 400 {
+			t.Errorf("connect with timeout %d: %d, want 400", secs, resp.StatusCode)
+		}
+	}
+	if n := len(ts.srv.Sessions("a")); n != 1 {
+		t.Errorf("%d sessions, want the one", n)
+	}
+}
+
