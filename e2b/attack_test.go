@@ -76,4 +76,3 @@ func TestTimeoutOverflow(t *testing.T) {
 		t.Errorf("%d sessions, want the one", n)
 	}
 }
-
