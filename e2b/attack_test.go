@@ -5,6 +5,10 @@ package e2b_test
 // pins.
 
 import (
+	"bytes"
+	"compress/gzip"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -74,5 +78,64 @@ func TestTimeoutOverflow(t *testing.T) {
 	}
 	if n := len(ts.srv.Sessions("a")); n != 1 {
 		t.Errorf("%d sessions, want the one", n)
+	}
+}
+
+// A compressed Connect message over the message cap is refused after the
+// cap, not inflated to its end: connect-go's own gzip went on decompressing
+// an oversized message into the void to learn its size, so that 800KiB of
+// compressed zeros cost 800MiB of inflating on the host, per request, for
+// anyone with a sandbox's access token. Judged as a ratio: such a bomb
+// costs about what a plain request of the same size on the wire costs.
+func TestCompressedMessageBomb(t *testing.T) {
+	ts := startServer(t, moat.Limits{}, nil)
+	c := ts.create(t, keyA, nil)
+	hc := sandboxClient(c.SandboxID, c.EnvdAccessToken)
+	// gzip members concatenated are one stream: 100 of 8MiB of zeros.
+	var member bytes.Buffer
+	zw := gzip.NewWriter(&member)
+	zw.Write(make([]byte, 8<<20))
+	zw.Close()
+	bomb := bytes.Repeat(member.Bytes(), 100)
+	plain := []byte(`{"path":"` + strings.Repeat("a", len(bomb)) + `"}`)
+	send := func(body []byte, gz bool) (time.Duration, int, string) {
+		req, _ := http.NewRequest("POST", ts.URL+"/filesystem.Filesystem/Stat", bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		if gz {
+			req.Header.Set("Content-Encoding", "gzip")
+		}
+		start := time.Now()
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := readAll(t, resp)
+		return time.Since(start), resp.StatusCode, b
+	}
+	best := func(body []byte, gz bool) time.Duration {
+		var min time.Duration
+		for i := range 3 {
+			d, st, b := send(body, gz)
+			if st/100 == 2 || st/100 == 5 {
+				t.Fatalf("a request of %d bytes (gzip %v): %d %.200s, want a refusal", len(body), gz, st, b)
+			}
+			if i == 0 || d < min {
+				min = d
+			}
+		}
+		return min
+	}
+	p, b := best(plain, false), best(bomb, true)
+	t.Logf("%d bytes on the wire: plain %v, gzip of %dMiB of zeros %v", len(bomb), p, 100*8, b)
+	if b > 5*p {
+		t.Errorf("the bomb took %v, %.0f times the plain request's %v: it was inflated past the cap", b, float64(b)/float64(p), p)
+	}
+	// A compressed message within the cap is still read.
+	var small bytes.Buffer
+	zw = gzip.NewWriter(&small)
+	zw.Write([]byte(`{"path":"/home/user"}`))
+	zw.Close()
+	if _, st, body := send(small.Bytes(), true); st != 200 || !strings.Contains(body, `"/home/user"`) {
+		t.Errorf("a small compressed Stat: %d %s", st, body)
 	}
 }

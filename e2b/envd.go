@@ -16,8 +16,6 @@ import (
 	"path"
 	"strings"
 
-	"connectrpc.com/connect"
-
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/e2b/internal/envd/filesystem/filesystemconnect"
 	"github.com/moatsandbox/moat/e2b/internal/envd/process/processconnect"
@@ -61,7 +59,7 @@ func current(ctx context.Context) *sandbox {
 
 func (s *Server) envdRoutes() http.Handler {
 	mux := http.NewServeMux()
-	opts := []connect.HandlerOption{connect.WithReadMaxBytes(1 << 20), connect.WithCompressMinBytes(1 << 20)}
+	opts := connectOptions()
 	mux.Handle(processconnect.NewProcessHandler(&processService{s: s}, opts...))
 	mux.Handle(filesystemconnect.NewFilesystemHandler(&filesystemService{s: s}, opts...))
 	mux.HandleFunc("GET /files", s.handleReadFile)
