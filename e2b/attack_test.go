@@ -139,3 +139,44 @@ func TestCompressedMessageBomb(t *testing.T) {
 		t.Errorf("a small compressed Stat: %d %s", st, body)
 	}
 }
+
+// What a create keeps for the sandbox's life is capped: metadata, which
+// every list answers, used to be up to the 1MiB body, and a list of 16
+// sandboxes with 1MiB of "<" each (six bytes each in JSON) was a ~100MB
+// answer, built whole in memory for each of any number of concurrent
+// lists. envVars are capped too, and their names checked at the create
+// rather than failing every command after.
+func TestCreateKeepsBoundedMetadata(t *testing.T) {
+	ts := startServer(t, moat.Limits{}, nil)
+	post := func(body string) int {
+		req, _ := http.NewRequest("POST", ts.URL+"/v2/sandboxes", strings.NewReader(body))
+		req.Header.Set("X-API-KEY", keyA)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		readAll(t, resp)
+		return resp.StatusCode
+	}
+	big := strings.Repeat("<", 1<<20-100)
+	for name, body := range map[string]string{
+		"1MiB of metadata":        `{"metadata":{"k":"` + big + `"}}`,
+		"1MiB of envVars":         `{"envVars":{"K":"` + big + `"}}`,
+		"an env name with =":      `{"envVars":{"A=B":"x"}}`,
+		"an empty env name":       `{"envVars":{"":"x"}}`,
+		"a NUL in an env value":   `{"envVars":{"A":"x\u0000y"}}`,
+		"a NUL in a metadata key": `{"metadata":{"a\u0000":"x"}}`,
+	} {
+		if st := post(body); st != 400 {
+			t.Errorf("create with %s: %d, want 400", name, st)
+		}
+	}
+	if n := len(ts.srv.Sessions("a")); n != 0 {
+		t.Errorf("%d sessions made by refused creates", n)
+	}
+	md := map[string]string{"user": "alice", "run": strings.Repeat("x", 8<<10)}
+	c := ts.create(t, keyA, map[string]any{"metadata": md, "envVars": map[string]string{"A": strings.Repeat("y", 32<<10)}})
+	if c.Metadata["run"] != md["run"] {
+		t.Errorf("metadata within the cap: %d bytes kept", len(c.Metadata["run"]))
+	}
+}

@@ -151,6 +151,12 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, owner stri
 			return errorf(http.StatusBadRequest, "%s is not supported by moat: the network is the operator's template's (template %q)", name, b.TemplateID)
 		}
 	}
+	if err := checkKV("metadata", b.Metadata, maxMetadataBytes); err != nil {
+		return err
+	}
+	if err := checkKV("envVars", b.EnvVars, maxEnvBytes); err != nil {
+		return err
+	}
 	if b.AutoPause != nil && *b.AutoPause {
 		return errorf(http.StatusBadRequest, "onTimeout pause is not supported by moat: a sandbox ends at its timeout; pause it before")
 	}
@@ -183,6 +189,32 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, owner stri
 	s.mu.Unlock()
 	s.log.Info("e2b: sandbox created", "sandbox", sb.id, "owner", owner, "template", b.TemplateID, "level", info.Level, "network", info.Network, "timeout", ttl)
 	writeJSON(w, http.StatusCreated, s.view(sb, info, true))
+	return nil
+}
+
+// Caps on what a create keeps for the sandbox's life: its metadata, which
+// every get and list answers (where JSON's escapes can make a byte six),
+// and its envVars, which every command's code carries. Keys and values
+// together.
+const (
+	maxMetadataBytes = 16 << 10
+	maxEnvBytes      = 64 << 10
+)
+
+// checkKV refuses a map of more than max bytes of keys and values, and
+// names or values that no environment (for envVars) or header could hold:
+// empty names, "=" in a name, NUL anywhere.
+func checkKV(field string, m map[string]string, max int) error {
+	n := 0
+	for k, v := range m {
+		n += len(k) + len(v)
+		if k == "" || strings.ContainsRune(k, 0) || strings.ContainsRune(v, 0) || (field == "envVars" && strings.ContainsRune(k, '=')) {
+			return errorf(http.StatusBadRequest, "%s: the name %.64q or its value is not one moat keeps (empty, NUL, or \"=\" in a variable's name)", field, k)
+		}
+	}
+	if n > max {
+		return errorf(http.StatusBadRequest, "%s: %d bytes of names and values, over moat's cap of %d", field, n, max)
+	}
 	return nil
 }
 
