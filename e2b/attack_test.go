@@ -180,3 +180,49 @@ func TestCreateKeepsBoundedMetadata(t *testing.T) {
 		t.Errorf("metadata within the cap: %d bytes kept", len(c.Metadata["run"]))
 	}
 }
+
+// No error answer echoes more than about a kilobyte of the request: the
+// messages quote the sandbox id, the path, the template named, and JSON's
+// escapes make a "<" six bytes, so that a 1MB E2b-Sandbox-Id header, sent
+// with no key and no token, was a 6MB answer built whole in memory (and
+// held for the write timeout by a client that does not read).
+func TestErrorsEchoBounded(t *testing.T) {
+	ts := startServer(t, moat.Limits{}, nil)
+	c := ts.create(t, keyA, nil)
+	long := strings.Repeat("<", 900<<10)
+	const most = 8 << 10
+	check := func(name string, req *http.Request, client *http.Client) {
+		t.Helper()
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := readAll(t, resp)
+		if resp.StatusCode/100 == 2 || len(body) > most || !strings.Contains(body, "(cut)") {
+			t.Errorf("%s: %d, an answer of %d bytes (at most %d, cut): %.100s", name, resp.StatusCode, len(body), most, body)
+		}
+	}
+	req, _ := http.NewRequest("GET", ts.URL+"/health", nil)
+	req.Header.Set("E2b-Sandbox-Id", long)
+	check("an unknown sandbox id, no token", req, http.DefaultClient)
+	req, _ = http.NewRequest("POST", ts.URL+"/v2/sandboxes", strings.NewReader(`{"templateID":"`+long+`"}`))
+	req.Header.Set("X-API-KEY", keyA)
+	check("an unknown template", req, http.DefaultClient)
+	hc := sandboxClient(c.SandboxID, c.EnvdAccessToken)
+	req, _ = http.NewRequest("GET", ts.URL+"/files?path=/"+long, nil)
+	check("GET /files outside /home/user", req, hc)
+	req, _ = http.NewRequest("POST", ts.URL+"/filesystem.Filesystem/Stat", strings.NewReader(`{"path":"/`+long+`"}`))
+	req.Header.Set("Content-Type", "application/json")
+	check("Connect Stat outside /home/user", req, hc)
+	msg := `{"process":{"cmd":"/bin/true","cwd":"/` + long + `"}}`
+	body := append([]byte{0, byte(len(msg) >> 24), byte(len(msg) >> 16), byte(len(msg) >> 8), byte(len(msg))}, msg...)
+	req, _ = http.NewRequest("POST", ts.URL+"/process.Process/Start", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/connect+json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := readAll(t, resp); len(b) > most || !strings.Contains(b, "(cut)") {
+		t.Errorf("Connect Start with a cwd outside /home/user: an answer of %d bytes: %.100s", len(b), b)
+	}
+}

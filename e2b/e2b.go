@@ -224,13 +224,14 @@ func statusOf(err error) int {
 	return st
 }
 
-// writeError writes err as E2B's API does: {"code": status, "message"}.
+// writeError writes err as E2B's API does: {"code": status, "message"},
+// the message cut to maxErrorMessage bytes.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	st := statusOf(err)
 	if st >= 500 && st != http.StatusBadGateway && st != http.StatusNotImplemented {
 		s.log.Warn("e2b: request failed", "method", r.Method, "path", r.URL.Path, "status", st, "err", err)
 	}
-	writeJSON(w, st, map[string]any{"code": st, "message": err.Error()})
+	writeJSON(w, st, map[string]any{"code": st, "message": cutMessage(err.Error())})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
