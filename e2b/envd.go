@@ -112,9 +112,9 @@ func (s *Server) serveSandbox(w http.ResponseWriter, r *http.Request, envd http.
 func envdStatus(err error) error {
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return errorf(http.StatusNotFound, "%v", err)
+		return &apiError{http.StatusNotFound, err.Error()}
 	case errors.Is(err, moat.ErrInvalid):
-		return errorf(http.StatusBadRequest, "%v", err)
+		return &apiError{http.StatusBadRequest, err.Error()}
 	}
 	return err
 }
