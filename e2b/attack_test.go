@@ -7,13 +7,20 @@ package e2b_test
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
+	"fmt"
 	"net/http"
+	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/e2b"
+	"github.com/moatsandbox/moat/e2b/internal/envd/filesystem"
 	"github.com/moatsandbox/moat/server"
 )
 
@@ -224,5 +231,74 @@ func TestErrorsEchoBounded(t *testing.T) {
 	}
 	if b := readAll(t, resp); len(b) > most || !strings.Contains(b, "(cut)") {
 		t.Errorf("Connect Start with a cwd outside /home/user: an answer of %d bytes: %.100s", len(b), b)
+	}
+}
+
+// countingSandbox counts the file operations of its sessions that remove.
+type countingSandbox struct {
+	moat.Sandbox
+	removes *atomic.Int64
+}
+
+func (c countingSandbox) NewSession(ctx context.Context, o moat.SessionOptions) (moat.Session, error) {
+	sess, err := c.Sandbox.(moat.Sessioner).NewSession(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	return countingSession{sess, c.removes}, nil
+}
+
+type countingSession struct {
+	moat.Session
+	removes *atomic.Int64
+}
+
+func (s countingSession) RemoveFile(ctx context.Context, name string) error {
+	s.removes.Add(1)
+	return s.Session.RemoveFile(ctx, name)
+}
+
+// Removing a directory costs a bounded number of file operations, whatever
+// it holds: it was one per entry (up to a listing's 100000), and each is
+// an exec into the sandbox at the container and microvm levels, so that
+// one request of one key was hours of the host's work. A large directory
+// is removed by one run of the session; a symbolic link in it is removed,
+// never followed.
+func TestRemoveLargeDirectoryBounded(t *testing.T) {
+	for _, interp := range []bool{false, true} {
+		t.Run(fmt.Sprintf("interpreter=%v", interp), func(t *testing.T) { testRemoveLarge(t, interp) })
+	}
+}
+
+func testRemoveLarge(t *testing.T, interp bool) {
+	removes := new(atomic.Int64)
+	ts := startServer(t, moat.Limits{}, func(c *server.Config, _ *e2b.Config) {
+		c.Sandboxes[moat.LevelSubprocess] = countingSandbox{c.Sandboxes[moat.LevelSubprocess], removes}
+	})
+	tpl := "base"
+	if interp {
+		tpl = "code-interpreter-v1"
+	}
+	c := ts.create(t, keyA, map[string]any{"templateID": tpl})
+	cl := ts.clients(c.SandboxID, c.EnvdAccessToken)
+	keep := t.TempDir()
+	if r, err := run(t, cl, bash("mkdir -p big/sub small && cd big && for i in $(seq 1500); do : > f$i; done && : > sub/x && ln -s "+keep+" out && cd ../small && : > a && : > b && echo ok")); err != nil || r.stdout != "ok\n" {
+		t.Fatalf("making the files: %+v, %v", r, err)
+	}
+	ctx := context.Background()
+	for _, dir := range []string{"/home/user/big", "small"} {
+		removes.Store(0)
+		if _, err := cl.fs.Remove(ctx, connect.NewRequest(&filesystem.RemoveRequest{Path: dir})); err != nil {
+			t.Fatalf("interpreter %v: remove %s: %v", interp, dir, err)
+		}
+		if n := removes.Load(); n > 256 {
+			t.Errorf("interpreter %v: remove %s took %d file operations", interp, dir, n)
+		}
+		if _, err := cl.fs.Stat(ctx, connect.NewRequest(&filesystem.StatRequest{Path: dir})); connect.CodeOf(err) != connect.CodeNotFound {
+			t.Errorf("interpreter %v: %s after its remove: %v, want not found", interp, dir, err)
+		}
+	}
+	if _, err := os.Stat(keep); err != nil {
+		t.Errorf("interpreter %v: the directory a link in the removed one pointed at: %v", interp, err)
 	}
 }
