@@ -302,3 +302,26 @@ func testRemoveLarge(t *testing.T, interp bool) {
 		t.Errorf("interpreter %v: the directory a link in the removed one pointed at: %v", interp, err)
 	}
 }
+
+// A NUL in an environment variable's value is refused before anything
+// runs. In a cell it used to fail halfway through setting the cell's
+// variables, outside the runner's try, so that those set before it stayed
+// in the live interpreter's environment for every later cell and command
+// ("envs hold for that cell only").
+func TestEnvNULRefused(t *testing.T) {
+	ts := startServer(t, moat.Limits{}, nil)
+	c := ts.create(t, keyA, map[string]any{"templateID": "code-interpreter-v1"})
+	if st, objs := execute(t, ts, c, map[string]any{"code": "1", "env_vars": map[string]string{"A": "kept", "B": "x\x00y"}}); st != 400 {
+		t.Errorf("a cell with a NUL in a variable's value: %d %v, want 400", st, objs)
+	}
+	_, objs := execute(t, ts, c, map[string]any{"code": "import os\nos.environ.get('A')"})
+	if r, _ := of(objs, "result"); len(r) != 0 {
+		t.Errorf("a variable of the refused cell is in the next one's environment: %v", r)
+	}
+	cl := ts.clients(c.SandboxID, c.EnvdAccessToken)
+	cfg := bash("true")
+	cfg.Envs = map[string]string{"B": "x\x00y"}
+	if r, err := run(t, cl, cfg); connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Errorf("a command with a NUL in a variable's value: %+v, %v, want invalid_argument", r.end, err)
+	}
+}

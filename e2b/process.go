@@ -249,9 +249,9 @@ func launchCode(cfg *process.ProcessConfig, envs map[string]string, interpreter 
 	all := map[string]string{}
 	maps.Copy(all, envs)
 	maps.Copy(all, cfg.GetEnvs())
-	for k := range all {
-		if k == "" || strings.ContainsAny(k, "=\x00") {
-			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("e2b: environment variable name %q", k))
+	for k, v := range all {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
+			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("e2b: environment variable %q: an empty name, \"=\" in it, or NUL in it or its value", k))
 		}
 	}
 	args := cfg.GetArgs()
