@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -323,5 +324,30 @@ func TestEnvNULRefused(t *testing.T) {
 	cfg.Envs = map[string]string{"B": "x\x00y"}
 	if r, err := run(t, cl, cfg); connect.CodeOf(err) != connect.CodeInvalidArgument {
 		t.Errorf("a command with a NUL in a variable's value: %+v, %v, want invalid_argument", r.end, err)
+	}
+}
+
+// New checks the keys it is given as the server checks its tokens file:
+// the keys may come from another list than the server's own, and a key
+// of a malformed form, one given to two tokens (whose holders would then
+// be one owner), or one of a token the server does not know (sandboxes of
+// an owner no cap is counted for) is refused.
+func TestNewChecksKeys(t *testing.T) {
+	ts := startServer(t, moat.Limits{}, nil)
+	a := server.Token{Name: "a", Token: "token-a-0123456789abcdef", E2BKey: keyA}
+	b := server.Token{Name: "b", Token: "token-b-0123456789abcdef", E2BKey: keyB}
+	for name, tokens := range map[string][]server.Token{
+		"a short key":         {{Name: "a", Token: a.Token, E2BKey: "e2b_00"}},
+		"an upper-case key":   {{Name: "a", Token: a.Token, E2BKey: strings.ToUpper(keyA)}},
+		"one key, two tokens": {a, {Name: "b", Token: b.Token, E2BKey: keyA}},
+		"an unknown token":    {a, {Name: "c", Token: "token-c-0123456789abcdef", E2BKey: keyB}},
+		"another's name":      {{Name: "b", Token: a.Token, E2BKey: keyA}},
+	} {
+		if _, err := e2b.New(e2b.Config{Sessions: ts.srv, Tokens: tokens}); !errors.Is(err, moat.ErrInvalid) {
+			t.Errorf("%s: %v, want an error wrapping moat.ErrInvalid", name, err)
+		}
+	}
+	if _, err := e2b.New(e2b.Config{Sessions: ts.srv, Tokens: []server.Token{a, b}}); err != nil {
+		t.Errorf("the server's own tokens: %v", err)
 	}
 }
