@@ -351,3 +351,49 @@ func TestNewChecksKeys(t *testing.T) {
 		t.Errorf("the server's own tokens: %v", err)
 	}
 }
+
+// A multipart upload's part header is capped: mime/multipart holds one
+// whole in memory, up to 10MiB, for each upload in progress (30 uploads
+// holding a 9MiB header held 270MB of the host's heap). Files of many parts,
+// and a file larger than the cap, are still written.
+func TestMultipartHeaderCapped(t *testing.T) {
+	ts := startServer(t, moat.Limits{}, func(_ *server.Config, c *e2b.Config) { c.MaxFileBytes = moat.MiB })
+	c := ts.create(t, keyA, nil)
+	hc := sandboxClient(c.SandboxID, c.EnvdAccessToken)
+	post := func(body string) (int, string) {
+		resp, err := hc.Post(ts.URL+"/files", "multipart/form-data; boundary=B", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := readAll(t, resp)
+		return resp.StatusCode, b
+	}
+	part := func(name, pad, data string) string {
+		return "--B\r\nContent-Disposition: form-data; name=\"file\"; filename=\"" + name + "\"\r\nX-Pad: " + pad + "\r\n\r\n" + data + "\r\n"
+	}
+	if st, b := post(part("big-header", strings.Repeat("a", 1<<20), "x") + "--B--\r\n"); st != 413 {
+		t.Errorf("a part with a 1MiB header: %d %.200s, want 413", st, b)
+	}
+	skipped := "--B\r\nContent-Disposition: form-data; name=\"other\"\r\n\r\n" + strings.Repeat("z", 1<<20) + "\r\n"
+	if st, b := post(skipped + part("after", "", "x") + "--B--\r\n"); st != 413 {
+		t.Errorf("a 1MiB part not named file: %d %.200s, want 413", st, b)
+	}
+	// Within the caps: 200KiB of contents (over the overhead cap, under
+	// the file cap) in each of many parts.
+	var body strings.Builder
+	data := strings.Repeat("d", 200<<10)
+	for i := range 10 {
+		body.WriteString(part(fmt.Sprintf("many/f%d", i), strings.Repeat("p", 1000), data))
+	}
+	body.WriteString("--B--\r\n")
+	if st, b := post(body.String()); st != 200 {
+		t.Fatalf("10 files of 200KiB: %d %.200s", st, b)
+	}
+	resp, err := hc.Get(ts.URL + "/files?path=many/f9")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readAll(t, resp); got != data {
+		t.Errorf("many/f9: %d bytes, want %d", len(got), len(data))
+	}
+}
