@@ -397,3 +397,24 @@ func TestMultipartHeaderCapped(t *testing.T) {
 		t.Errorf("many/f9: %d bytes, want %d", len(got), len(data))
 	}
 }
+
+// Nothing of moat's own environment reaches a command or a cell, whatever
+// the template: a variable set in the server's process is in neither's
+// environment, nor in their parents'.
+func TestNoServerEnvironmentInSandbox(t *testing.T) {
+	canary := "moat-canary-" + strings.Repeat("7", 20)
+	t.Setenv("MOAT_E2B_CANARY", canary)
+	ts := startServer(t, moat.Limits{}, nil)
+	for _, tpl := range []string{"base", "code-interpreter-v1"} {
+		c := ts.create(t, keyA, map[string]any{"templateID": tpl})
+		r, err := run(t, ts.clients(c.SandboxID, c.EnvdAccessToken), bash(`env; for p in /proc/[0-9]*; do tr '\0' '\n' < $p/environ; done 2>/dev/null`))
+		if err != nil || !strings.Contains(r.stdout, "PATH=") || strings.Contains(r.stdout+r.stderr, canary) {
+			t.Errorf("%s: a command's environment: %v, canary seen %v", tpl, err, strings.Contains(r.stdout+r.stderr, canary))
+		}
+		_, objs := execute(t, ts, c, map[string]any{"code": "import os\nrepr(dict(os.environ))"})
+		res, _ := of(objs, "result")
+		if len(res) != 1 || !strings.Contains(fmt.Sprint(res[0]["text"]), "PATH") || strings.Contains(fmt.Sprint(objs), canary) {
+			t.Errorf("%s: a cell's environment: %v", tpl, objs)
+		}
+	}
+}
