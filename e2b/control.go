@@ -151,6 +151,12 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, owner stri
 			return errorf(http.StatusBadRequest, "%s is not supported by moat: the network is the operator's template's (template %q)", name, b.TemplateID)
 		}
 	}
+	if err := checkKV("metadata", b.Metadata, maxMetadataBytes); err != nil {
+		return err
+	}
+	if err := checkKV("envVars", b.EnvVars, maxEnvBytes); err != nil {
+		return err
+	}
 	if b.AutoPause != nil && *b.AutoPause {
 		return errorf(http.StatusBadRequest, "onTimeout pause is not supported by moat: a sandbox ends at its timeout; pause it before")
 	}
@@ -163,10 +169,10 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, owner stri
 	}
 	ttl := defaultTimeout
 	if b.Timeout != nil {
-		ttl = time.Duration(*b.Timeout) * time.Second
-	}
-	if ttl <= 0 || ttl > s.cfg.Sessions.MaxSessionTTL() {
-		return errorf(http.StatusBadRequest, "timeout %v must be above zero and at most %v", ttl, s.cfg.Sessions.MaxSessionTTL())
+		var err error
+		if ttl, err = s.timeout(*b.Timeout); err != nil {
+			return err
+		}
 	}
 	info, err := s.cfg.Sessions.CreateSession(r.Context(), owner, server.SessionSpec{
 		Level: tpl.Level, Network: tpl.Network, TTL: moat.Duration(ttl), IdleTimeout: moat.Duration(ttl), Interpreter: tpl.Interpreter,
@@ -184,6 +190,44 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, owner stri
 	s.log.Info("e2b: sandbox created", "sandbox", sb.id, "owner", owner, "template", b.TemplateID, "level", info.Level, "network", info.Network, "timeout", ttl)
 	writeJSON(w, http.StatusCreated, s.view(sb, info, true))
 	return nil
+}
+
+// Caps on what a create keeps for the sandbox's life: its metadata, which
+// every get and list answers (where JSON's escapes can make a byte six),
+// and its envVars, which every command's code carries. Keys and values
+// together.
+const (
+	maxMetadataBytes = 16 << 10
+	maxEnvBytes      = 64 << 10
+)
+
+// checkKV refuses a map of more than max bytes of keys and values, and
+// names or values that no environment (for envVars) or header could hold:
+// empty names, "=" in a name, NUL anywhere.
+func checkKV(field string, m map[string]string, max int) error {
+	n := 0
+	for k, v := range m {
+		n += len(k) + len(v)
+		if k == "" || strings.ContainsRune(k, 0) || strings.ContainsRune(v, 0) || (field == "envVars" && strings.ContainsRune(k, '=')) {
+			return errorf(http.StatusBadRequest, "%s: the name %.64q or its value is not one moat keeps (empty, NUL, or \"=\" in a variable's name)", field, k)
+		}
+	}
+	if n > max {
+		return errorf(http.StatusBadRequest, "%s: %d bytes of names and values, over moat's cap of %d", field, n, max)
+	}
+	return nil
+}
+
+// timeout returns a request's timeout in seconds as a duration: above
+// zero and at most the server's maximum TTL, or a 400. The bound is
+// checked on the seconds, before they are multiplied, so that no huge
+// number wraps around to a small one.
+func (s *Server) timeout(secs int64) (time.Duration, error) {
+	max := s.cfg.Sessions.MaxSessionTTL()
+	if secs <= 0 || secs > int64(max/time.Second) {
+		return 0, errorf(http.StatusBadRequest, "timeout %ds must be above zero and at most %v", secs, max)
+	}
+	return time.Duration(secs) * time.Second, nil
 }
 
 // prune forgets owner's sandboxes whose sessions have ended (expired, or
@@ -253,7 +297,11 @@ func (s *Server) handleTimeout(w http.ResponseWriter, r *http.Request, owner str
 	if b.Timeout == nil {
 		return errorf(http.StatusBadRequest, "timeout is missing")
 	}
-	if _, err := s.cfg.Sessions.ExtendSession(owner, sb.id, time.Duration(*b.Timeout)*time.Second); err != nil {
+	ttl, err := s.timeout(*b.Timeout)
+	if err != nil {
+		return err
+	}
+	if _, err := s.cfg.Sessions.ExtendSession(owner, sb.id, ttl); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -287,6 +335,12 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request, owner str
 	if err := decodeBody(r, &b); err != nil {
 		return err
 	}
+	var ttl time.Duration
+	if b.Timeout != nil {
+		if ttl, err = s.timeout(*b.Timeout); err != nil {
+			return err
+		}
+	}
 	status := http.StatusOK
 	if info.State != "running" {
 		if err := s.cfg.Sessions.ResumeSession(r.Context(), owner, sb.id); err != nil {
@@ -295,9 +349,12 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request, owner str
 		status = http.StatusCreated
 	}
 	if b.Timeout != nil {
-		// E2B's connect never shortens a sandbox's life.
-		ttl := time.Duration(*b.Timeout) * time.Second
-		if time.Now().Add(ttl).After(info.ExpiresAt) {
+		// E2B's connect never shortens a sandbox's life; moat's never
+		// lengthens it past its creation plus the maximum TTL, which
+		// ExtendSession refuses: connect extends it to a second before
+		// that at most (the second for the time the call takes).
+		ttl = min(ttl, time.Until(info.CreatedAt.Add(s.cfg.Sessions.MaxSessionTTL()))-time.Second)
+		if ttl > 0 && time.Now().Add(ttl).After(info.ExpiresAt) {
 			if _, err := s.cfg.Sessions.ExtendSession(owner, sb.id, ttl); err != nil {
 				return err
 			}

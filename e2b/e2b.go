@@ -38,6 +38,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -116,6 +117,9 @@ type Server struct {
 	sandboxes map[string]*sandbox
 }
 
+// keyForm is the form of an e2b key (server.Token.E2BKey).
+var keyForm = regexp.MustCompile(`^e2b_[0-9a-f]{40,}$`)
+
 type keyHash struct {
 	owner string
 	sum   [32]byte
@@ -157,10 +161,23 @@ func New(cfg Config) (*Server, error) {
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
+	seen := map[string]bool{}
 	for _, t := range cfg.Tokens {
-		if t.E2BKey != "" {
-			s.keys = append(s.keys, keyHash{t.Name, sha256.Sum256([]byte(t.E2BKey))})
+		if t.E2BKey == "" {
+			continue
 		}
+		// The server's own checks of its tokens file, again: the keys
+		// may come from another list than the server's.
+		switch owner, ok := cfg.Sessions.Owner(t.Token); {
+		case !ok || owner != t.Name:
+			return nil, fmt.Errorf("e2b: token %q is not one of the moat server's: its key would make sandboxes for an owner the server does not know: %w", t.Name, moat.ErrInvalid)
+		case !keyForm.MatchString(t.E2BKey):
+			return nil, fmt.Errorf("e2b: token %q: its e2b key is not \"e2b_\" and at least 40 lower-case hex digits: %w", t.Name, moat.ErrInvalid)
+		case seen[t.E2BKey]:
+			return nil, fmt.Errorf("e2b: token %q: its e2b key is another token's too: %w", t.Name, moat.ErrInvalid)
+		}
+		seen[t.E2BKey] = true
+		s.keys = append(s.keys, keyHash{t.Name, sha256.Sum256([]byte(t.E2BKey))})
 	}
 	if len(s.keys) == 0 {
 		return nil, fmt.Errorf("e2b: no token has an e2b key (e2b_key in the tokens file): the API would serve no one: %w", moat.ErrInvalid)
@@ -224,13 +241,14 @@ func statusOf(err error) int {
 	return st
 }
 
-// writeError writes err as E2B's API does: {"code": status, "message"}.
+// writeError writes err as E2B's API does: {"code": status, "message"},
+// the message cut to maxErrorMessage bytes.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	st := statusOf(err)
 	if st >= 500 && st != http.StatusBadGateway && st != http.StatusNotImplemented {
 		s.log.Warn("e2b: request failed", "method", r.Method, "path", r.URL.Path, "status", st, "err", err)
 	}
-	writeJSON(w, st, map[string]any{"code": st, "message": err.Error()})
+	writeJSON(w, st, map[string]any{"code": st, "message": cutMessage(err.Error())})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

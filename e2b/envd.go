@@ -15,8 +15,7 @@ import (
 	"net/http"
 	"path"
 	"strings"
-
-	"connectrpc.com/connect"
+	"sync/atomic"
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/e2b/internal/envd/filesystem/filesystemconnect"
@@ -61,7 +60,7 @@ func current(ctx context.Context) *sandbox {
 
 func (s *Server) envdRoutes() http.Handler {
 	mux := http.NewServeMux()
-	opts := []connect.HandlerOption{connect.WithReadMaxBytes(1 << 20), connect.WithCompressMinBytes(1 << 20)}
+	opts := connectOptions()
 	mux.Handle(processconnect.NewProcessHandler(&processService{s: s}, opts...))
 	mux.Handle(filesystemconnect.NewFilesystemHandler(&filesystemService{s: s}, opts...))
 	mux.HandleFunc("GET /files", s.handleReadFile)
@@ -114,9 +113,9 @@ func (s *Server) serveSandbox(w http.ResponseWriter, r *http.Request, envd http.
 func envdStatus(err error) error {
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return errorf(http.StatusNotFound, "%v", err)
+		return &apiError{http.StatusNotFound, err.Error()}
 	case errors.Is(err, moat.ErrInvalid):
-		return errorf(http.StatusBadRequest, "%v", err)
+		return &apiError{http.StatusBadRequest, err.Error()}
 	}
 	return err
 }
@@ -205,11 +204,15 @@ func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request, sb *sandbox)
 	}
 	mt, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if mt == "multipart/form-data" {
-		mr := multipart.NewReader(r.Body, params["boundary"])
+		guard := &multipartGuard{r: r.Body}
+		mr := multipart.NewReader(guard, params["boundary"])
 		for {
 			part, err := mr.NextPart()
 			if errors.Is(err, io.EOF) {
 				break
+			}
+			if errors.Is(err, errPartOverhead) {
+				return errorf(http.StatusRequestEntityTooLarge, "multipart body: more than %d bytes of a part's header, or of parts not named \"file\"", maxPartOverhead)
 			}
 			if err != nil {
 				return errorf(http.StatusBadRequest, "multipart body: %v", err)
@@ -225,8 +228,10 @@ func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request, sb *sandbox)
 				_, dp, _ := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
 				p = dp["filename"]
 			}
-			err = put(p, part)
-			part.Close()
+			err = put(p, guard.contents(part))
+			if cerr := part.Close(); err == nil && errors.Is(cerr, errPartOverhead) {
+				err = errorf(http.StatusRequestEntityTooLarge, "multipart body: more than %d bytes of parts not named \"file\"", maxPartOverhead)
+			}
 			if err != nil {
 				return err
 			}
@@ -245,6 +250,49 @@ func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request, sb *sandbox)
 	writeJSON(w, http.StatusOK, written)
 	return nil
 }
+
+// maxPartOverhead caps what a multipart upload may hold between two reads
+// of a file's contents: a part's header, boundaries, parts not named
+// "file". mime/multipart keeps a part's whole header in memory, up to
+// 10MiB, and that for each upload in progress: thirty uploads holding a
+// 9MiB header each held 270MB of the host's heap.
+const maxPartOverhead = 64 << 10
+
+var errPartOverhead = errors.New("e2b: a multipart part's header over the cap")
+
+// multipartGuard counts the bytes the multipart reader takes from the body
+// outside a file's contents, and fails past maxPartOverhead; each read of
+// a file's contents starts the count anew. (The contents may be read from
+// another goroutine than the multipart reader's, hence the atomics.)
+type multipartGuard struct {
+	r      io.Reader
+	used   atomic.Int64
+	inFile atomic.Bool
+}
+
+func (g *multipartGuard) Read(p []byte) (int, error) {
+	n, err := g.r.Read(p)
+	if !g.inFile.Load() && g.used.Add(int64(n)) > maxPartOverhead {
+		return n, errPartOverhead
+	}
+	return n, err
+}
+
+// contents returns a reader of part's contents whose reads the guard does
+// not count.
+func (g *multipartGuard) contents(part io.Reader) io.Reader {
+	return readerFunc(func(p []byte) (int, error) {
+		g.inFile.Store(true)
+		defer g.inFile.Store(false)
+		n, err := part.Read(p)
+		g.used.Store(0)
+		return n, err
+	})
+}
+
+type readerFunc func([]byte) (int, error)
+
+func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
 
 // capReader reads at most left bytes and fails past them, so that a file
 // over the cap is refused and not cut.

@@ -3,7 +3,10 @@
 package e2b
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -213,6 +216,12 @@ func (f *filesystemService) Remove(ctx context.Context, req *connect.Request[fil
 				inside = append(inside, c.Name)
 			}
 		}
+		if len(inside) > maxRemoveOneByOne {
+			if err := f.removeByRun(ctx, current(ctx), name); err != nil {
+				return nil, err
+			}
+			return connect.NewResponse(&filesystem.RemoveResponse{}), nil
+		}
 		// Deepest first, so that each directory is empty when its turn
 		// comes.
 		slices.SortFunc(inside, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
@@ -226,6 +235,54 @@ func (f *filesystemService) Remove(ctx context.Context, req *connect.Request[fil
 		return nil, fsError(err)
 	}
 	return connect.NewResponse(&filesystem.RemoveResponse{}), nil
+}
+
+// maxRemoveOneByOne is the most entries a directory Remove removes one
+// file operation at a time. Each is an exec into the sandbox at the
+// container and microvm levels (tens of milliseconds of the host's), and
+// a listing holds up to 100000: one request was hours of them. A larger
+// directory is removed by one run of the session instead.
+const maxRemoveOneByOne = 256
+
+// removeRunner is the Python of that run: it removes the name, relative to
+// the session's directory (found as childLauncher finds it), with
+// shutil.rmtree, which never follows a symbolic link, with the code's own
+// rights inside the sandbox. Its input is base64 JSON.
+const removeRunner = `def _moat_rm(c):
+    import base64, json, os, shutil
+    c = json.loads(base64.b64decode(c))
+    home = (os.environ.get("HOME") or os.getcwd()) if c["interpreter"] else os.getcwd()
+    p = os.path.join(home, c["name"])
+    if os.path.islink(p) or not os.path.isdir(p):
+        os.unlink(p)
+    else:
+        shutil.rmtree(p)
+try:
+    _moat_rm(%q)
+finally:
+    del _moat_rm
+`
+
+// removeByRun removes name, a directory of the session's, and all in it, by
+// one run of the session: one run slot and one run's limits, whatever it
+// holds.
+func (f *filesystemService) removeByRun(ctx context.Context, sb *sandbox, name string) error {
+	j, err := json.Marshal(map[string]any{"name": name, "interpreter": sb.interpreter})
+	if err != nil {
+		return err
+	}
+	var stderr bytes.Buffer
+	res, err := f.s.cfg.Sessions.RunSession(ctx, sb.owner, sb.id, moat.Request{
+		Code: fmt.Appendf(nil, removeRunner, base64.StdEncoding.EncodeToString(j)), Stderr: &stderr})
+	if err != nil {
+		return rpcError(err)
+	}
+	if res.ExitCode != 0 || res.Reason != "" {
+		lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+		return connect.NewError(connect.CodeInternal, fmt.Errorf("e2b: remove %s: the run that removes it ended with exit code %d %s: %s",
+			homePath(name), res.ExitCode, res.Reason, lines[len(lines)-1]))
+	}
+	return nil
 }
 
 func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[filesystem.WatchDirRequest], stream *connect.ServerStream[filesystem.WatchDirResponse]) error {

@@ -96,8 +96,8 @@ func (s *Server) handleExecute(w http.ResponseWriter, r *http.Request, sb *sandb
 		envs[k] = v
 	}
 	for k, v := range b.EnvVars {
-		if k == "" || strings.ContainsAny(k, "=\x00") {
-			s.writeError(w, r, errorf(http.StatusBadRequest, "environment variable name %q", k))
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
+			s.writeError(w, r, errorf(http.StatusBadRequest, "environment variable %q: an empty name, \"=\" in it, or NUL in it or its value", k))
 			return
 		}
 		envs[k] = v

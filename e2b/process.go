@@ -39,6 +39,9 @@ type proc struct {
 	mu sync.Mutex
 	// subs get every event after the start; closed when the command ends.
 	subs []chan *process.ProcessEvent
+	// ended says closeSubs has run: a later subscriber gets a closed
+	// channel, never one that nothing will close.
+	ended bool
 	// killed says a SendSignal ended it.
 	killed string
 }
@@ -109,11 +112,17 @@ func (p *proc) publish(ev *process.ProcessEvent) {
 	}
 }
 
+// subscribe returns a channel of the command's events from now on, closed
+// when it ends (at once if it has ended).
 func (p *proc) subscribe() chan *process.ProcessEvent {
 	c := make(chan *process.ProcessEvent, 64)
 	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ended {
+		close(c)
+		return c
+	}
 	p.subs = append(p.subs, c)
-	p.mu.Unlock()
 	return c
 }
 
@@ -123,7 +132,7 @@ func (p *proc) closeSubs() {
 	for _, c := range p.subs {
 		close(c)
 	}
-	p.subs = nil
+	p.subs, p.ended = nil, true
 }
 
 type processService struct {
@@ -240,9 +249,9 @@ func launchCode(cfg *process.ProcessConfig, envs map[string]string, interpreter 
 	all := map[string]string{}
 	maps.Copy(all, envs)
 	maps.Copy(all, cfg.GetEnvs())
-	for k := range all {
-		if k == "" || strings.ContainsAny(k, "=\x00") {
-			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("e2b: environment variable name %q", k))
+	for k, v := range all {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
+			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("e2b: environment variable %q: an empty name, \"=\" in it, or NUL in it or its value", k))
 		}
 	}
 	args := cfg.GetArgs()

@@ -186,9 +186,11 @@ func (s *Server) ResumeSession(ctx context.Context, owner, id string) error {
 	return nil
 }
 
-// ExtendSession makes owner's session id end ttl from now (at most
-// MaxSessionTTL), and raises its idle timeout to ttl so that the new end
-// is the one that holds.
+// ExtendSession makes owner's session id end ttl from now, and raises its
+// idle timeout to ttl so that the new end is the one that holds. No session
+// lives past its creation plus MaxSessionTTL, as one of the server's own
+// API cannot: a ttl that would end it later is refused with an error
+// wrapping moat.ErrInvalid, and the session is left as it was.
 func (s *Server) ExtendSession(owner, id string, ttl time.Duration) (SessionInfo, error) {
 	if ttl <= 0 || ttl > time.Duration(s.cfg.MaxSessionTTL) {
 		return SessionInfo{}, fmt.Errorf("timeout %v must be above zero and at most %v: %w", ttl, s.cfg.MaxSessionTTL, moat.ErrInvalid)
@@ -202,7 +204,13 @@ func (s *Server) ExtendSession(owner, id string, ttl time.Duration) (SessionInfo
 		ss.mu.Unlock()
 		return SessionInfo{}, fmt.Errorf("session %s: %w", id, errSessionClosed)
 	}
-	ss.rec.ExpiresAt = time.Now().UTC().Add(ttl)
+	end, last := time.Now().UTC().Add(ttl), ss.rec.CreatedAt.Add(time.Duration(s.cfg.MaxSessionTTL))
+	if end.After(last) {
+		ss.mu.Unlock()
+		return SessionInfo{}, fmt.Errorf("timeout %v would end session %s after its creation plus the maximum ttl %v (at most %v from now): %w",
+			ttl, id, s.cfg.MaxSessionTTL, time.Until(last).Truncate(time.Second), moat.ErrInvalid)
+	}
+	ss.rec.ExpiresAt = end
 	if time.Duration(ss.rec.IdleTimeout) < ttl {
 		ss.rec.IdleTimeout = moat.Duration(ttl)
 	}
