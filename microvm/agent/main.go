@@ -17,8 +17,14 @@
 // binary is the pipe between one guest connection and moat's egress socket
 // (see egressPipe).
 //
-// After the restore, moat sends one Run, or a Session. For a Run the agent
-// sets the clock, reseeds the kernel's random generator, sizes the writable
+// After the restore, while the VM waits in moat's pool, moat sends a
+// Refresh: the agent sets the clock, reseeds the kernel's random generator,
+// and replaces the template's python3 with one started after the reseed,
+// so that no two VMs of one template share Python's string hash secret
+// (code never runs in a python3 that started before the VM's latest
+// refresh; see freshen), and says Idle. Then moat sends one Run, or a
+// Session. For a Run the agent
+// sets the clock again, reseeds the kernel's random generator, sizes the writable
 // layer to the disk limit, sets the cgroup's memory and process limits and
 // python3's rlimits, and hands python3 the code. It streams stdout and
 // stderr to the host, enforces the CPU time, and sends the evidence of how
@@ -36,7 +42,9 @@
 // the host suspended (its VM saved whole) comes back as a restore of that
 // state, its agent where it was, in the session's loop: the host's first
 // frame is then Refresh, for which it sets the clock and reseeds the
-// kernel's random generator, as for a Run.
+// kernel's random generator, as for a Run, and replaces the next run's
+// python3 (or an interpreter that has not run code yet), which every fork
+// of that state would otherwise share.
 package main
 
 import (
@@ -71,7 +79,6 @@ const (
 	upperFS   = "/upper" // the writable tmpfs: overlay upper, work and /dev/shm
 	newRoot   = "/newroot"
 	cgroupDir = "/sys/fs/cgroup"
-	runGroup  = "/sys/fs/cgroup/run"
 	codeDir   = "/.moat" // a tmpfs of its own in the run's root: the code and the zygote
 	workDir   = "/work"
 	python    = "/usr/bin/python3"
@@ -117,6 +124,14 @@ type agent struct {
 	// run cgroups made, to name the next.
 	zygote *zygote
 	groups int
+	// gen counts the frames that said the VM is a new copy of a saved
+	// state (the template, or a suspended session): a Refresh, a Session,
+	// a Run that comes first. A python3 started in an earlier generation
+	// was saved with the state, and so is in every copy of it with the
+	// same string hash secret (_Py_HashSecret, drawn at its start and
+	// fixed for its life): no code ever runs in one, except in the live
+	// interpreter that holds a session's variables (see freshen).
+	gen int
 	// files is the session's working directory (nil outside a session).
 	files *files
 	// interpMode: the session keeps a live interpreter, interp (nil once
@@ -139,8 +154,7 @@ type agent struct {
 // sys.excepthook without the zygote's frame and exit status 1 (an uncaught
 // KeyboardInterrupt, after the clean-up, by SIGINT), SystemExit handled by
 // the interpreter. What it cannot make as a fresh interpreter would: the
-// string hash seed is the template's (the same in every run), the code runs
-// one frame below the zygote's, and code that is not UTF-8 and declares no
+// code runs one frame below the zygote's, and code that is not UTF-8 and declares no
 // encoding gets compile()'s SyntaxError, not the tokenizer's wording of it.
 // TestZygoteAsPython3 compares the two.
 const zygoteSource = `import os, sys
@@ -201,6 +215,29 @@ type zygote struct {
 	group     string   // its cgroup's directory
 	start     *os.File // write the code's path and close: the code runs
 	out, errs *os.File // its stdout and stderr
+	gen       int      // the agent's gen when it started
+}
+
+// discard ends z, which has not been given code.
+func (z *zygote) discard() {
+	killGroup(z.group)
+	z.start.Close()
+	z.out.Close()
+	z.errs.Close()
+	go func() { reaped.wait(z.cmd.Process.Pid); removeGroup(z.group) }()
+}
+
+// newZygote starts the next run's python3 in a new cgroup, in the
+// current generation, and waits until it is ready.
+func (a *agent) newZygote() error {
+	a.groups++
+	z, err := startZygote(fmt.Sprintf("%s/run-%d", cgroupDir, a.groups))
+	if err != nil {
+		return err
+	}
+	z.gen = a.gen
+	a.zygote = z
+	return nil
 }
 
 // zygoteReady bounds the wait for a new python3 to be ready.
@@ -367,15 +404,13 @@ func (a *agent) boot() error {
 	if err := os.WriteFile(newRoot+codeDir+"/zygote.py", []byte(zygoteSource), 0o444); err != nil {
 		return err
 	}
-	// python3 starts now, as the run's uid in the run's cgroup, and waits
-	// for its code: a VM restored from this one runs the code without
-	// starting the interpreter again (and the page cache saved with the
-	// template holds python3 and its standard library).
-	z, err := startZygote(runGroup)
-	if err != nil {
+	// python3 starts now, as the run's uid in a run's cgroup, and waits
+	// for its code: the page cache saved with the template holds python3
+	// and its standard library. A VM restored from the template starts
+	// its own before any code runs (see freshen).
+	if err := a.newZygote(); err != nil {
 		return err
 	}
-	a.zygote = z
 	port, err := findPort(portName, 10*time.Second)
 	if err != nil {
 		return err
@@ -541,41 +576,110 @@ func prepareCgroup() error {
 	return nil
 }
 
-// serve waits for the first frame after the restore, a Run or a Session,
-// and carries it out.
+// serve waits for the frames after the restore — a Refresh, which the
+// host sends while the VM waits in its pool, then a Run or a Session, or
+// one of these alone — and carries them out.
 func (a *agent) serve() error {
-	k, p, err := wire.Read(a.port, 0)
-	if err != nil {
-		return fmt.Errorf("read run: %w", err)
-	}
-	switch k {
-	case wire.KindRun:
-		var r wire.Run
-		if err := json.Unmarshal(p, &r); err != nil {
-			return fmt.Errorf("run: %w", err)
-		}
-		if err := refresh(r.UnixNano, r.Seed); err != nil {
-			return err
-		}
-		if err := sizeLayer(r.Disk); err != nil {
-			return err
-		}
-		if err := a.egress(r.Egress); err != nil {
-			return err
-		}
-		exit, err := a.run(&r, &runState{})
+	refreshed := false
+	for {
+		k, p, err := wire.Read(a.port, 0)
 		if err != nil {
-			return err
+			return fmt.Errorf("read run: %w", err)
 		}
-		return a.sendJSON(wire.KindExit, exit)
-	case wire.KindSession:
-		var s wire.Session
-		if err := json.Unmarshal(p, &s); err != nil {
-			return fmt.Errorf("session: %w", err)
+		switch {
+		case k == wire.KindRefresh && !refreshed:
+			var r wire.Refresh
+			if err := json.Unmarshal(p, &r); err != nil {
+				return fmt.Errorf("refresh: %w", err)
+			}
+			if err := a.restored(r.UnixNano, r.Seed); err != nil {
+				return err
+			}
+			if err := a.send(wire.KindIdle, nil); err != nil {
+				return err
+			}
+			refreshed = true
+		case k == wire.KindRun:
+			var r wire.Run
+			if err := json.Unmarshal(p, &r); err != nil {
+				return fmt.Errorf("run: %w", err)
+			}
+			return a.oneRun(&r, refreshed)
+		case k == wire.KindSession:
+			var s wire.Session
+			if err := json.Unmarshal(p, &s); err != nil {
+				return fmt.Errorf("session: %w", err)
+			}
+			return a.session(&s, refreshed)
+		default:
+			return fmt.Errorf("want a refresh, a run or a session frame, got %s", k)
 		}
-		return a.session(&s)
 	}
-	return fmt.Errorf("want a run or a session frame, got %s", k)
+}
+
+// restored sets the clock and reseeds the random generator of a VM the
+// host says is a new copy of a saved state, then makes the python3 that
+// waits for the next run's code one of this copy's own (freshen): started
+// after the reseed, it draws a hash secret no other copy has.
+func (a *agent) restored(unixNano int64, seed []byte) error {
+	if err := refresh(unixNano, seed); err != nil {
+		return err
+	}
+	a.gen++
+	return a.freshen()
+}
+
+// freshen makes sure that what waits for the next run's code started in
+// the current generation: a zygote started earlier is replaced; so is a
+// session's interpreter that has run no code yet. An interpreter that has
+// is the session's memory and is kept, hash secret and all: every fork of
+// one suspended state shares it (the declared exception; see the
+// package doc of microvm).
+func (a *agent) freshen() error {
+	if a.interpMode {
+		if z := a.zygote; z != nil {
+			a.zygote = nil
+			z.discard()
+		}
+		return a.freshInterp()
+	}
+	if z := a.zygote; z != nil {
+		if z.gen == a.gen {
+			return nil
+		}
+		a.zygote = nil
+		z.discard()
+	}
+	if err := a.newZygote(); err != nil {
+		return fmt.Errorf("start the run's python3: %w", err)
+	}
+	return nil
+}
+
+// oneRun carries out the one Run of a VM restored from the template.
+// Unless a Refresh came first, the Run is the first word of the VM's
+// copy, and its python3 starts now.
+func (a *agent) oneRun(r *wire.Run, refreshed bool) error {
+	var err error
+	if refreshed {
+		err = refresh(r.UnixNano, r.Seed)
+	} else {
+		err = a.restored(r.UnixNano, r.Seed)
+	}
+	if err != nil {
+		return err
+	}
+	if err := sizeLayer(r.Disk); err != nil {
+		return err
+	}
+	if err := a.egress(r.Egress); err != nil {
+		return err
+	}
+	exit, err := a.run(r, &runState{})
+	if err != nil {
+		return err
+	}
+	return a.sendJSON(wire.KindExit, exit)
 }
 
 // sizeLayer sizes the writable layer to the disk limit.
@@ -592,9 +696,16 @@ func sizeLayer(disk int64) error {
 // killed. Runs take turns: the next waits for the previous one's end and
 // for its python3 to be ready. File operations are carried out as they
 // come, during a run too.
-func (a *agent) session(s *wire.Session) error {
+//
+// Unless a Refresh came first (refreshed), the Session is the first word
+// of the VM's copy. Its first run's python3 (or its interpreter) starts
+// after the refresh, with the session's environment, before the Idle.
+func (a *agent) session(s *wire.Session, refreshed bool) error {
 	if err := refresh(s.UnixNano, s.Seed); err != nil {
 		return err
+	}
+	if !refreshed {
+		a.gen++
 	}
 	if err := sizeLayer(s.Disk); err != nil {
 		return err
@@ -611,20 +722,11 @@ func (a *agent) session(s *wire.Session) error {
 		if err := os.WriteFile(newRoot+codeDir+"/driver.py", []byte(driverSource), 0o444); err != nil {
 			return err
 		}
-		// The template's python3 has no part in it.
-		if z := a.zygote; z != nil {
-			killGroup(z.group)
-			z.start.Close()
-			z.out.Close()
-			z.errs.Close()
-			go func() { reaped.wait(z.cmd.Process.Pid); removeGroup(z.group) }()
-			a.zygote = nil
-		}
-		it, err := a.startInterp()
-		if err != nil {
-			return err
-		}
-		a.interpMode, a.interp = true, it
+		a.interpMode = true
+	}
+	// The template's python3 has no part in the session.
+	if err := a.freshen(); err != nil {
+		return err
 	}
 	turn := make(chan struct{}, 1) // held by the run in progress
 	var cur *runState
@@ -650,17 +752,13 @@ func (a *agent) session(s *wire.Session) error {
 				cur.kill()
 			}
 		case wire.KindRefresh:
-			// The VM is a restore of the session's own saved state.
+			// The VM is a restore of the session's own saved state, one
+			// of its forks perhaps.
 			var r wire.Refresh
 			if err := json.Unmarshal(p, &r); err != nil {
 				return fmt.Errorf("session: refresh: %w", err)
 			}
-			if err := refresh(r.UnixNano, r.Seed); err != nil {
-				return err
-			}
-			if err := a.send(wire.KindIdle, nil); err != nil {
-				return err
-			}
+			go a.sessionRefresh(&r, turn)
 		case wire.KindFile:
 			var op wire.File
 			if err := json.Unmarshal(p, &op); err != nil {
@@ -677,6 +775,18 @@ func (a *agent) session(s *wire.Session) error {
 			return fmt.Errorf("session: want a run, kill, refresh or file frame, got %s", k)
 		}
 	}
+}
+
+// sessionRefresh refreshes a session's VM restored from its saved state,
+// once the run in progress (none, as the host saves an idle VM) is done,
+// makes the next run's python3 this copy's own and says Idle.
+func (a *agent) sessionRefresh(r *wire.Refresh, turn chan struct{}) {
+	turn <- struct{}{}
+	defer func() { <-turn }()
+	if err := a.restored(r.UnixNano, r.Seed); err != nil {
+		a.fatal(fmt.Errorf("session: refresh: %w", err))
+	}
+	a.send(wire.KindIdle, nil)
 }
 
 // sessionRun carries out one run of a session once the previous one is
@@ -713,12 +823,9 @@ func (a *agent) sessionRun(r *wire.Run, st *runState, turn chan struct{}) {
 		a.send(wire.KindIdle, nil)
 		return
 	}
-	a.groups++
-	z, err := startZygote(fmt.Sprintf("%s/run-%d", cgroupDir, a.groups))
-	if err != nil {
+	if err := a.newZygote(); err != nil {
 		a.fatal(fmt.Errorf("start the next run's python3: %w", err))
 	}
-	a.zygote = z
 	a.send(wire.KindIdle, nil)
 }
 
@@ -775,7 +882,14 @@ func refresh(unixNano int64, seed []byte) error {
 
 // run runs r's code in the zygote and returns the evidence of how it
 // ended. Every process of the run is gone when it returns.
+//
+// The code runs only in a python3 of the current generation: when the
+// zygote is of an earlier one (or there is none), a new one starts now,
+// on the run's path.
 func (a *agent) run(r *wire.Run, st *runState) (*wire.Exit, error) {
+	if err := a.freshen(); err != nil {
+		return nil, err
+	}
 	z := a.zygote
 	a.zygote = nil
 	group := z.group
