@@ -36,6 +36,10 @@ func hashOf(t *testing.T, out string) string {
 // own, started after the VM's refresh: two one-shot runs, from the pool
 // (Prepare's Refresh) or not, have different string hash secrets (issue
 // 13: the hash seed is reseeded in every fork).
+//
+// The same python3 draws its address layout (where libc is mapped) and its
+// stack canary (from the 16 bytes of AT_RANDOM) at its start: a run's are
+// its own as well.
 func TestHashSeedOneShot(t *testing.T) {
 	cfg := requireVMs(t)
 	sb := open(t, cfg, moat.Limits{})
@@ -43,7 +47,25 @@ func TestHashSeedOneShot(t *testing.T) {
 	if a == b {
 		t.Errorf("two one-shot runs of one template have one string hash secret: hash('moat-seed') = %s in both", a)
 	}
+	la, lb := string(run(t, sb, layoutProbe).Stdout), string(run(t, sb, layoutProbe).Stdout)
+	fa, fb := strings.Fields(la), strings.Fields(lb)
+	if len(fa) != 2 || len(fb) != 2 || len(fa[1]) != 32 {
+		t.Fatalf("the layout probe printed %q and %q, want libc's address and 32 hexadecimal digits", la, lb)
+	}
+	if fa[0] == fb[0] || fa[1] == fb[1] {
+		t.Errorf("two one-shot runs: libc at %s and %s, AT_RANDOM %s and %s; want each run's own", fa[0], fb[0], fa[1], fb[1])
+	}
 }
+
+// layoutProbe prints where libc is mapped and the bytes of AT_RANDOM (the
+// kernel's 16 random bytes for the process, which glibc's stack canary is
+// made from).
+const layoutProbe = `import ctypes, struct
+libc = [l.split('-')[0] for l in open('/proc/self/maps') if 'libc.so' in l][0]
+aux = open('/proc/self/auxv', 'rb').read()
+rnd = [ctypes.string_at(v, 16).hex() for k, v in struct.iter_unpack('QQ', aux) if k == 25][0]
+print(libc, rnd)
+`
 
 // A Run that comes to a VM with no Refresh before it (the agent cannot know
 // what the host did) still runs in a python3 started after the Run's own
