@@ -732,7 +732,8 @@ func (a *agent) session(s *wire.Session, refreshed bool) error {
 		}
 		a.interpMode = true
 	}
-	// The template's python3 has no part in the session.
+	// What waits for the first run starts now, after the refresh, with
+	// the session's environment (or is the Refresh's, when one came).
 	if err := a.freshen(); err != nil {
 		return err
 	}
