@@ -48,13 +48,14 @@
 // attached read-only, every write in the guest's RAM) and is killed after
 // its one run. As soon as a VM is restored (ahead of its run, in the
 // engine's pool) the host sends the agent a Refresh: the agent sets the
-// clock, reseeds the kernel's random generator and replaces the template's
-// python3 with one started after the reseed, so that Python's string hash
-// secret, drawn when python3 starts, is each run's own (code never runs in
-// a python3 that started before the VM's latest refresh;
-// TestHashSeedOneShot). What every run still shares is what the template
-// holds: the guest kernel's address layout (KASLR) and the agent's are the
-// same in every run, so a run can learn them for a later one.
+// clock, reseeds the kernel's random generator and only then starts the
+// run's python3 (the template holds none), so that what python3 draws when
+// it starts — Python's string hash secret, its address layout (ASLR), its
+// stack canary — is each run's own (code never runs in a python3 that
+// started before the VM's latest refresh; TestHashSeedOneShot). What every
+// run still shares is what the template holds: the guest kernel's address
+// layout (KASLR) and the agent's are the same in every run, so a run can
+// learn them for a later one.
 //
 // Limits inside the guest: memory and processes by the guest's cgroup v2
 // (memory.max, pids.max), CPU time by the cgroup's account and RLIMIT_CPU,
