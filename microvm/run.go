@@ -118,6 +118,8 @@ func (b *backend) startVM(ctx context.Context) (VM, *vmNet, string, error) {
 		spec.Net = n.spec
 	}
 	if b.cfg.Cold {
+		// Never saved: its agent fills no page cache for copies.
+		spec.Cmdline += " " + noSaveArg
 		vm, _, err := bootToHello(ctx, b.vmm, spec, time.Duration(b.cfg.BootTimeout))
 		if err != nil {
 			n.close()

@@ -59,6 +59,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -414,11 +415,14 @@ func (a *agent) boot() error {
 	// VM's own. Keeping the template's python3 only to kill it after the
 	// restore measured no faster (TCG, 2 x 8 runs: the new python3 ready
 	// in a median 1207/1261 ms without it, 1319/1347 ms with it).
-	if err := a.newZygote(); err != nil {
-		return err
+	// A VM that is never saved (moat.nosave: a cold sandbox's) skips it.
+	if !cmdlineHas(noSaveArg) {
+		if err := a.newZygote(); err != nil {
+			return err
+		}
+		a.zygote.discard()
+		a.zygote = nil
 	}
-	a.zygote.discard()
-	a.zygote = nil
 	port, err := findPort(portName, 10*time.Second)
 	if err != nil {
 		return err
@@ -437,6 +441,16 @@ func (a *agent) boot() error {
 		BootMS: ts.Nano() / 1e6,
 		Net:    netDone,
 	})
+}
+
+// noSaveArg on the kernel's command line says the VM is never saved (see
+// microvm's noSaveArg).
+const noSaveArg = "moat.nosave"
+
+// cmdlineHas says whether the kernel's command line has the word arg.
+func cmdlineHas(arg string) bool {
+	b, err := os.ReadFile("/proc/cmdline")
+	return err == nil && slices.Contains(strings.Fields(string(b)), arg)
 }
 
 // egress takes the code's part of the VM's network: the environment, and
