@@ -26,11 +26,11 @@
 // image as a read-only ext4 disk under a writable tmpfs layer (overlayfs).
 //
 // The agent (./agent) talks to the host over one virtio-serial port with
-// the framed protocol of internal/wire. At boot it starts python3 as an
-// unprivileged uid in the guest's run cgroup, chrooted into the root
-// filesystem, and lets it wait for its code (a zygote). For a run it
-// receives the code, sets the limits, releases python3 on it and streams
-// stdout and stderr back, then the evidence of how the code ended:
+// the framed protocol of internal/wire. Once the VM is restored it starts
+// python3 as an unprivileged uid in a run cgroup of the guest, chrooted
+// into the root filesystem, and lets it wait for its code (a zygote). For
+// a run it receives the code, sets the limits, releases python3 on it and
+// streams stdout and stderr back, then the evidence of how the code ended:
 // python3's wait status and flags for the CPU time, an OOM kill, a refused
 // fork, a file at the size limit and a full disk. The host takes that
 // report as evidence only within what the agent can send (a compromised
@@ -40,17 +40,22 @@
 // cancellation, which kill the VM. The code runs as
 // `python3 FILE` would (module __main__ with globals of its own, sys.argv,
 // sys.path[0], the traceback printed by sys.excepthook, exit statuses), with
-// two differences: Python's string hash seed is the template's, the same in
-// every run, and a syntax error in source that is not UTF-8 or holds NUL
+// one difference: a syntax error in source that is not UTF-8 or holds NUL
 // bytes is worded as compile() words it.
 //
 // Nothing of one run reaches the next: each VM is a fresh restore of the
 // template (its state read from a descriptor opened read-only, the disk
 // attached read-only, every write in the guest's RAM) and is killed after
-// its one run. What every run shares is what the template holds: besides
-// the hash seed, the guest kernel's address layout (KASLR) and python3's
-// (ASLR, its stack canary) are the same in every run, so a run can learn
-// them for a later one; only the kernel's random generator is reseeded.
+// its one run. As soon as a VM is restored (ahead of its run, in the
+// engine's pool) the host sends the agent a Refresh: the agent sets the
+// clock, reseeds the kernel's random generator and only then starts the
+// run's python3 (the template holds none), so that what python3 draws when
+// it starts — Python's string hash secret, its address layout (ASLR), its
+// stack canary — is each run's own (code never runs in a python3 that
+// started before the VM's latest refresh; TestHashSeedOneShot). What every
+// run still shares is what the template holds: the guest kernel's address
+// layout (KASLR) and the agent's are the same in every run, so a run can
+// learn them for a later one.
 //
 // Limits inside the guest: memory and processes by the guest's cgroup v2
 // (memory.max, pids.max), CPU time by the cgroup's account and RLIMIT_CPU,
@@ -66,13 +71,15 @@
 // # Boot is rare
 //
 // The first sandbox of a configuration boots a template VM and, once its
-// agent is ready, saves it (QMP stop, then migrate to a file). Every run
+// agent is ready, saves it (QMP stop, then migrate to a file); the
+// template holds no python3, only the page cache one filled. Every run
 // starts a new QEMU that restores that file (-incoming), resumes it, and
-// sends the code together with the host's clock and fresh randomness, which
-// the agent sets and mixes into the kernel's pool (then reseeds it) before
-// the code runs. A sandbox keeps one VM restored ahead of its runs
-// ([Config.Warm], the engine's pool); each VM serves one run and is killed
-// after it.
+// sends a Refresh, the host's clock and fresh randomness, which the agent
+// sets and mixes into the kernel's pool (then reseeds it) before it starts
+// the run's python3; then the code, with the clock and randomness again. A
+// sandbox keeps one VM restored and refreshed ahead of its runs
+// ([Config.Warm], the engine's pool), so that the python3 start is off the
+// run's path; each VM serves one run and is killed after it.
 // [Config.Cold] boots a fresh VM for every run instead, to measure what the
 // template saves. Templates are kept in STATE/microvm/templates under a key
 // of everything that changes them (QEMU and its command line, the kernel,
@@ -180,8 +187,11 @@
 // is refused with moat.ErrInvalid. What a live interpreter holds stays as
 // saved, in every fork alike: Python's string hash seed, which cannot
 // change under a running interpreter, and the random module's state
-// (os.urandom and secrets read the kernel's, reseeded). A session with a
-// network is refused (moat.ErrInvalid) for now.
+// (os.urandom and secrets read the kernel's, reseeded) — the one declared
+// exception to a fresh hash seed per fork (TestHashSeedForks). A plain
+// session's next python3, and an interpreter that has run no code yet, are
+// replaced in each fork by the Refresh. A session with a network is
+// refused (moat.ErrInvalid) for now.
 package microvm
 
 import (

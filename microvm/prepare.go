@@ -14,6 +14,12 @@ import (
 	"github.com/moatsandbox/moat/internal/uidpool"
 )
 
+// noSaveArg on the guest's command line tells the agent that the VM is
+// never saved (a cold sandbox's): it skips the python3 start at boot that
+// fills the page cache for a template's copies, since the Refresh starts
+// the run's python3 anyway.
+const noSaveArg = "moat.nosave"
+
 // kernelCmdline is the guest's command line. Under TCG the guest's TSC
 // ticks at the host's rate, tscKHz, which the guest is told: it sometimes
 // fails to calibrate it against the emulated PIT, and a wrong rate makes

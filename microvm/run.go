@@ -25,13 +25,82 @@ const backstop = 15 * time.Second
 const startTimeout = 30 * time.Second
 
 // Prepare implements engine.Backend: a VM restored from the template (or,
-// for a cold sandbox, booted), its agent waiting for the code.
+// for a cold sandbox, booted), refreshed, its agent waiting for the code.
+//
+// The refresh is a Refresh frame (the host's clock, fresh randomness), for
+// which the agent reseeds the guest's random generator and replaces the
+// template's python3 with one started after the reseed: Python's string
+// hash secret is drawn when python3 starts, so the template's is in every
+// VM restored from it, and one run could learn it for another's. The engine
+// calls Prepare ahead of runs, so the new python3 starts while the VM waits
+// in the pool; the Run refreshes the clock again.
 func (b *backend) Prepare(ctx context.Context) (engine.Instance, error) {
 	vm, n, how, err := b.startVM(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return &vmInstance{b: b, vm: vm, net: n, c: newAgentConn(vm.Agent(), nil), how: how}, nil
+	idle := make(chan struct{}, 1)
+	c := newAgentConn(vm.Agent(), func() {
+		select {
+		case idle <- struct{}{}:
+		default:
+		}
+	})
+	in := &vmInstance{b: b, vm: vm, net: n, c: c}
+	start := time.Now()
+	if err := refreshAgent(ctx, c, idle, time.Duration(b.cfg.BootTimeout)); err != nil {
+		in.Discard()
+		return nil, err
+	}
+	in.how = fmt.Sprintf("%s; its python3 started afresh in %d ms", how, time.Since(start).Milliseconds())
+	return in, nil
+}
+
+// refreshAgent sends the agent of a VM just started a Refresh and waits,
+// at most timeout, for its Idle: the guest's clock is set, its random
+// generator reseeded and the python3 that waits for the run's code started
+// after that. The Idle only says the agent is ready; nothing is judged from
+// it (a guest that says it early gets its own run on a python3 of its
+// choosing, nothing more).
+func refreshAgent(ctx context.Context, c *agentConn, idle <-chan struct{}, timeout time.Duration) error {
+	s := c.runSink() // the agent's Fail, if it fails
+	defer c.endRun(s)
+	seed := make([]byte, 64)
+	rand.Read(seed)
+	if err := c.sendJSON(wire.KindRefresh, wire.Refresh{UnixNano: time.Now().UnixNano(), Seed: seed}); err != nil {
+		return err
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-idle:
+		return nil
+	case f := <-s.ch:
+		return refreshFailed(f)
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-c.done:
+		// What the reader delivered before it ended comes first.
+		select {
+		case <-idle:
+			return nil
+		case f := <-s.ch:
+			return refreshFailed(f)
+		default:
+			return fmt.Errorf("microvm: the VM ended before its agent was refreshed (%v)", c.ended())
+		}
+	case <-t.C:
+		return fmt.Errorf("microvm: the agent did not answer the refresh within %v", timeout)
+	}
+}
+
+// refreshFailed is the error of a frame other than Idle in answer to a
+// Refresh.
+func refreshFailed(f frame) error {
+	if f.kind == wire.KindFail {
+		return unavailable("the guest agent failed to refresh the VM", "", errors.New(clip(f.payload, 512)))
+	}
+	return fmt.Errorf("microvm: the agent sent %s in answer to the refresh", f.kind)
 }
 
 // startVM restores the template, or boots a fresh VM when the sandbox is
@@ -49,6 +118,8 @@ func (b *backend) startVM(ctx context.Context) (VM, *vmNet, string, error) {
 		spec.Net = n.spec
 	}
 	if b.cfg.Cold {
+		// Never saved: its agent fills no page cache for copies.
+		spec.Cmdline += " " + noSaveArg
 		vm, _, err := bootToHello(ctx, b.vmm, spec, time.Duration(b.cfg.BootTimeout))
 		if err != nil {
 			n.close()

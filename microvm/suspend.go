@@ -34,10 +34,16 @@ import (
 // restored VM must be the machine that was saved: the same QEMU and
 // command line, kernel, initramfs (and so agent), disk, memory and vCPUs,
 // which the template's key covers (templateKey); a state of another one is
-// refused. Python's string hash seed lives in the live interpreter's
-// memory and cannot change under it: every fork of one state has the
-// state's seed, and the random module's state too (os.urandom, and so
-// secrets, is the kernel's, reseeded).
+// refused. The agent answers the Refresh only once what waits for the
+// next run is the fork's own: a plain session's next python3, saved with
+// the state and so in every fork, is replaced by one started after the
+// reseed, with a hash seed of its own, and so is a live interpreter that
+// has run no code yet. The declared exception: Python's string hash seed
+// of a live interpreter that has run code lives in its memory (its dicts
+// and sets depend on it) and cannot change under it, so every fork of one
+// state has the state's seed, and the random module's state too
+// (os.urandom, and so secrets, is the kernel's, reseeded);
+// TestHashSeedForks checks both.
 //
 // A session with a network (Config.Egress) is not suspended with its
 // memory: its code's environment holds its proxy run's CA and secrets'

@@ -123,6 +123,41 @@ type interp struct {
 	done    chan struct{} // closed when it has ended, ws set
 	ws      syscall.WaitStatus
 	fresh   bool // it replaces one that ended
+	gen     int  // the agent's gen when it started
+	used    bool // it has been given a run's code
+}
+
+// discard ends it, which no run is using.
+func (it *interp) discard() {
+	killGroup(it.group)
+	it.cin.Close()
+	it.cout.Close()
+	go func() { <-it.done; removeGroup(it.group) }()
+}
+
+// freshInterp makes sure that the session's interpreter, when it has not
+// been given code yet, started in the current generation: one started
+// earlier (saved with a suspended session, and so in each of its forks)
+// is replaced with a new one (fresh as the one it replaces). One that has
+// run code is the session's memory and is kept; when there is none, one
+// starts.
+func (a *agent) freshInterp() error {
+	fresh := false
+	if it := a.interp; it != nil {
+		if it.used || it.gen == a.gen {
+			return nil
+		}
+		fresh = it.fresh
+		a.interp = nil
+		it.discard()
+	}
+	it, err := a.startInterp()
+	if err != nil {
+		return err
+	}
+	it.fresh = fresh
+	a.interp = it
+	return nil
 }
 
 // gone says whether the interpreter has ended.
@@ -183,7 +218,7 @@ func (a *agent) startInterp() (*interp, error) {
 	if err := reaped.start(cmd); err != nil {
 		return nil, fmt.Errorf("start the interpreter: %w", err)
 	}
-	it := &interp{cmd: cmd, group: group, cin: inW, cout: outR, done: make(chan struct{})}
+	it := &interp{cmd: cmd, group: group, cin: inW, cout: outR, done: make(chan struct{}), gen: a.gen}
 	go func() {
 		it.ws = reaped.wait(cmd.Process.Pid)
 		close(it.done)
@@ -223,7 +258,11 @@ func (a *agent) interpRun(r *wire.Run, st *runState) (*wire.Exit, error) {
 		it.fresh = true
 		a.interp = it
 	}
+	if err := a.freshInterp(); err != nil {
+		return nil, err
+	}
 	it := a.interp
+	it.used = true
 	group := it.group
 	st.group.Store(&group)
 	exit := &wire.Exit{Fresh: it.fresh}

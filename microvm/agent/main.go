@@ -7,24 +7,30 @@
 // a kernel that has them built in), mounts the shared root filesystem
 // read-only from /dev/vda under a writable tmpfs layer (overlayfs), prepares
 // a cgroup for the run, configures the network device when the VM has one
-// (eth0: 10.0.2.15/24, no default route; see net.go), starts python3 in the
-// cgroup (chrooted into the root filesystem, as an unprivileged uid) to
-// wait for its code, opens the
-// virtio-serial port named moat.agent and says Hello. moat saves the VM at
-// that point and starts every VM as a restore of it.
+// (eth0: 10.0.2.15/24, no default route; see net.go), starts python3 once
+// in a run's cgroup (chrooted into the root filesystem, as an unprivileged
+// uid) to fill the page cache and ends it, opens the virtio-serial port
+// named moat.agent and says Hello. moat saves the VM at that point and
+// starts every VM as a restore of it.
 //
 // Run on the host by QEMU's user network as `agent egress-pipe SOCKET`, the
 // binary is the pipe between one guest connection and moat's egress socket
 // (see egressPipe).
 //
-// After the restore, moat sends one Run, or a Session. For a Run the agent
-// sets the clock, reseeds the kernel's random generator, sizes the writable
-// layer to the disk limit, sets the cgroup's memory and process limits and
-// python3's rlimits, and hands python3 the code. It streams stdout and
-// stderr to the host, enforces the CPU time, and sends the evidence of how
-// the code ended (python3's wait status, the cgroup's events, the files at
-// the size limit, a full disk); the host judges it, keeps the wall time and
-// throws the VM away.
+// After the restore, while the VM waits in moat's pool, moat sends a
+// Refresh: the agent sets the clock, reseeds the kernel's random generator,
+// starts the run's python3 (a zygote, waiting for its code) after the
+// reseed, so that no two VMs of one template share Python's string hash
+// secret, its address layout or its stack canary (code never runs in a
+// python3 that started before the VM's latest refresh; see freshen), and
+// says Idle. Then moat sends one Run, or a Session. For a Run the agent
+// sets the clock again, reseeds the kernel's random generator again, sizes
+// the writable layer to the disk limit, sets the cgroup's memory and
+// process limits and python3's rlimits, and hands python3 the code. It
+// streams stdout and stderr to the host, enforces the CPU time, and sends
+// the evidence of how the code ended (python3's wait status, the cgroup's
+// events, the files at the size limit, a full disk); the host judges it,
+// keeps the wall time and throws the VM away.
 //
 // In a session the agent serves many Runs, one at a time, each in a cgroup
 // of its own whose every process it kills when python3 ends, and keeps the
@@ -36,7 +42,9 @@
 // the host suspended (its VM saved whole) comes back as a restore of that
 // state, its agent where it was, in the session's loop: the host's first
 // frame is then Refresh, for which it sets the clock and reseeds the
-// kernel's random generator, as for a Run.
+// kernel's random generator, as for a Run, and replaces the next run's
+// python3 (or an interpreter that has not run code yet), which every fork
+// of that state would otherwise share.
 package main
 
 import (
@@ -51,6 +59,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -71,7 +80,6 @@ const (
 	upperFS   = "/upper" // the writable tmpfs: overlay upper, work and /dev/shm
 	newRoot   = "/newroot"
 	cgroupDir = "/sys/fs/cgroup"
-	runGroup  = "/sys/fs/cgroup/run"
 	codeDir   = "/.moat" // a tmpfs of its own in the run's root: the code and the zygote
 	workDir   = "/work"
 	python    = "/usr/bin/python3"
@@ -117,6 +125,14 @@ type agent struct {
 	// run cgroups made, to name the next.
 	zygote *zygote
 	groups int
+	// gen counts the frames that said the VM is a new copy of a saved
+	// state (the template, or a suspended session): a Refresh, a Session,
+	// a Run that comes first. A python3 started in an earlier generation
+	// was saved with the state, and so is in every copy of it with the
+	// same string hash secret (_Py_HashSecret, drawn at its start and
+	// fixed for its life): no code ever runs in one, except in the live
+	// interpreter that holds a session's variables (see freshen).
+	gen int
 	// files is the session's working directory (nil outside a session).
 	files *files
 	// interpMode: the session keeps a live interpreter, interp (nil once
@@ -139,9 +155,10 @@ type agent struct {
 // sys.excepthook without the zygote's frame and exit status 1 (an uncaught
 // KeyboardInterrupt, after the clean-up, by SIGINT), SystemExit handled by
 // the interpreter. What it cannot make as a fresh interpreter would: the
-// string hash seed is the template's (the same in every run), the code runs
-// one frame below the zygote's, and code that is not UTF-8 and declares no
-// encoding gets compile()'s SyntaxError, not the tokenizer's wording of it.
+// code runs one frame below the zygote's, and code that is not UTF-8 and
+// declares no encoding gets compile()'s SyntaxError, not the tokenizer's
+// wording of it. (The string hash secret is a fresh interpreter's: the
+// zygote starts in the VM's own copy, after its refresh.)
 // TestZygoteAsPython3 compares the two.
 const zygoteSource = `import os, sys
 def _moat_main():
@@ -201,6 +218,29 @@ type zygote struct {
 	group     string   // its cgroup's directory
 	start     *os.File // write the code's path and close: the code runs
 	out, errs *os.File // its stdout and stderr
+	gen       int      // the agent's gen when it started
+}
+
+// discard ends z, which has not been given code.
+func (z *zygote) discard() {
+	killGroup(z.group)
+	z.start.Close()
+	z.out.Close()
+	z.errs.Close()
+	go func() { reaped.wait(z.cmd.Process.Pid); removeGroup(z.group) }()
+}
+
+// newZygote starts the next run's python3 in a new cgroup, in the
+// current generation, and waits until it is ready.
+func (a *agent) newZygote() error {
+	a.groups++
+	z, err := startZygote(fmt.Sprintf("%s/run-%d", cgroupDir, a.groups))
+	if err != nil {
+		return err
+	}
+	z.gen = a.gen
+	a.zygote = z
+	return nil
 }
 
 // zygoteReady bounds the wait for a new python3 to be ready.
@@ -367,15 +407,22 @@ func (a *agent) boot() error {
 	if err := os.WriteFile(newRoot+codeDir+"/zygote.py", []byte(zygoteSource), 0o444); err != nil {
 		return err
 	}
-	// python3 starts now, as the run's uid in the run's cgroup, and waits
-	// for its code: a VM restored from this one runs the code without
-	// starting the interpreter again (and the page cache saved with the
-	// template holds python3 and its standard library).
-	z, err := startZygote(runGroup)
-	if err != nil {
-		return err
+	// python3 starts once now, as the run's uid in a run's cgroup, so that
+	// the page cache saved with the template holds python3 and what it
+	// reads to start, and is ended: the template keeps no python3. Each VM
+	// restored from it starts its own after its refresh, before any code
+	// runs (see freshen); its hash secret, drawn at its start, is then the
+	// VM's own. Keeping the template's python3 only to kill it after the
+	// restore measured no faster (TCG, 2 x 8 runs: the new python3 ready
+	// in a median 1207/1261 ms without it, 1319/1347 ms with it).
+	// A VM that is never saved (moat.nosave: a cold sandbox's) skips it.
+	if !cmdlineHas(noSaveArg) {
+		if err := a.newZygote(); err != nil {
+			return err
+		}
+		a.zygote.discard()
+		a.zygote = nil
 	}
-	a.zygote = z
 	port, err := findPort(portName, 10*time.Second)
 	if err != nil {
 		return err
@@ -394,6 +441,16 @@ func (a *agent) boot() error {
 		BootMS: ts.Nano() / 1e6,
 		Net:    netDone,
 	})
+}
+
+// noSaveArg on the kernel's command line says the VM is never saved (see
+// microvm's noSaveArg).
+const noSaveArg = "moat.nosave"
+
+// cmdlineHas says whether the kernel's command line has the word arg.
+func cmdlineHas(arg string) bool {
+	b, err := os.ReadFile("/proc/cmdline")
+	return err == nil && slices.Contains(strings.Fields(string(b)), arg)
 }
 
 // egress takes the code's part of the VM's network: the environment, and
@@ -541,41 +598,110 @@ func prepareCgroup() error {
 	return nil
 }
 
-// serve waits for the first frame after the restore, a Run or a Session,
-// and carries it out.
+// serve waits for the frames after the restore — a Refresh, which the
+// host sends while the VM waits in its pool, then a Run or a Session, or
+// one of these alone — and carries them out.
 func (a *agent) serve() error {
-	k, p, err := wire.Read(a.port, 0)
-	if err != nil {
-		return fmt.Errorf("read run: %w", err)
-	}
-	switch k {
-	case wire.KindRun:
-		var r wire.Run
-		if err := json.Unmarshal(p, &r); err != nil {
-			return fmt.Errorf("run: %w", err)
-		}
-		if err := refresh(r.UnixNano, r.Seed); err != nil {
-			return err
-		}
-		if err := sizeLayer(r.Disk); err != nil {
-			return err
-		}
-		if err := a.egress(r.Egress); err != nil {
-			return err
-		}
-		exit, err := a.run(&r, &runState{})
+	refreshed := false
+	for {
+		k, p, err := wire.Read(a.port, 0)
 		if err != nil {
-			return err
+			return fmt.Errorf("read run: %w", err)
 		}
-		return a.sendJSON(wire.KindExit, exit)
-	case wire.KindSession:
-		var s wire.Session
-		if err := json.Unmarshal(p, &s); err != nil {
-			return fmt.Errorf("session: %w", err)
+		switch {
+		case k == wire.KindRefresh && !refreshed:
+			var r wire.Refresh
+			if err := json.Unmarshal(p, &r); err != nil {
+				return fmt.Errorf("refresh: %w", err)
+			}
+			if err := a.restored(r.UnixNano, r.Seed); err != nil {
+				return err
+			}
+			if err := a.send(wire.KindIdle, nil); err != nil {
+				return err
+			}
+			refreshed = true
+		case k == wire.KindRun:
+			var r wire.Run
+			if err := json.Unmarshal(p, &r); err != nil {
+				return fmt.Errorf("run: %w", err)
+			}
+			return a.oneRun(&r, refreshed)
+		case k == wire.KindSession:
+			var s wire.Session
+			if err := json.Unmarshal(p, &s); err != nil {
+				return fmt.Errorf("session: %w", err)
+			}
+			return a.session(&s, refreshed)
+		default:
+			return fmt.Errorf("want a refresh, a run or a session frame, got %s", k)
 		}
-		return a.session(&s)
 	}
-	return fmt.Errorf("want a run or a session frame, got %s", k)
+}
+
+// restored sets the clock and reseeds the random generator of a VM the
+// host says is a new copy of a saved state, then makes the python3 that
+// waits for the next run's code one of this copy's own (freshen): started
+// after the reseed, it draws a hash secret no other copy has.
+func (a *agent) restored(unixNano int64, seed []byte) error {
+	if err := refresh(unixNano, seed); err != nil {
+		return err
+	}
+	a.gen++
+	return a.freshen()
+}
+
+// freshen makes sure that what waits for the next run's code started in
+// the current generation: a zygote started earlier is replaced; so is a
+// session's interpreter that has run no code yet. An interpreter that has
+// is the session's memory and is kept, hash secret and all: every fork of
+// one suspended state shares it (the declared exception; see the
+// package doc of microvm).
+func (a *agent) freshen() error {
+	if a.interpMode {
+		if z := a.zygote; z != nil {
+			a.zygote = nil
+			z.discard()
+		}
+		return a.freshInterp()
+	}
+	if z := a.zygote; z != nil {
+		if z.gen == a.gen {
+			return nil
+		}
+		a.zygote = nil
+		z.discard()
+	}
+	if err := a.newZygote(); err != nil {
+		return fmt.Errorf("start the run's python3: %w", err)
+	}
+	return nil
+}
+
+// oneRun carries out the one Run of a VM restored from the template.
+// Unless a Refresh came first, the Run is the first word of the VM's
+// copy, and its python3 starts now.
+func (a *agent) oneRun(r *wire.Run, refreshed bool) error {
+	var err error
+	if refreshed {
+		err = refresh(r.UnixNano, r.Seed)
+	} else {
+		err = a.restored(r.UnixNano, r.Seed)
+	}
+	if err != nil {
+		return err
+	}
+	if err := sizeLayer(r.Disk); err != nil {
+		return err
+	}
+	if err := a.egress(r.Egress); err != nil {
+		return err
+	}
+	exit, err := a.run(r, &runState{})
+	if err != nil {
+		return err
+	}
+	return a.sendJSON(wire.KindExit, exit)
 }
 
 // sizeLayer sizes the writable layer to the disk limit.
@@ -592,9 +718,16 @@ func sizeLayer(disk int64) error {
 // killed. Runs take turns: the next waits for the previous one's end and
 // for its python3 to be ready. File operations are carried out as they
 // come, during a run too.
-func (a *agent) session(s *wire.Session) error {
+//
+// Unless a Refresh came first (refreshed), the Session is the first word
+// of the VM's copy. Its first run's python3 (or its interpreter) starts
+// after the refresh, with the session's environment, before the Idle.
+func (a *agent) session(s *wire.Session, refreshed bool) error {
 	if err := refresh(s.UnixNano, s.Seed); err != nil {
 		return err
+	}
+	if !refreshed {
+		a.gen++
 	}
 	if err := sizeLayer(s.Disk); err != nil {
 		return err
@@ -611,20 +744,12 @@ func (a *agent) session(s *wire.Session) error {
 		if err := os.WriteFile(newRoot+codeDir+"/driver.py", []byte(driverSource), 0o444); err != nil {
 			return err
 		}
-		// The template's python3 has no part in it.
-		if z := a.zygote; z != nil {
-			killGroup(z.group)
-			z.start.Close()
-			z.out.Close()
-			z.errs.Close()
-			go func() { reaped.wait(z.cmd.Process.Pid); removeGroup(z.group) }()
-			a.zygote = nil
-		}
-		it, err := a.startInterp()
-		if err != nil {
-			return err
-		}
-		a.interpMode, a.interp = true, it
+		a.interpMode = true
+	}
+	// What waits for the first run starts now, after the refresh, with
+	// the session's environment (or is the Refresh's, when one came).
+	if err := a.freshen(); err != nil {
+		return err
 	}
 	turn := make(chan struct{}, 1) // held by the run in progress
 	var cur *runState
@@ -650,17 +775,13 @@ func (a *agent) session(s *wire.Session) error {
 				cur.kill()
 			}
 		case wire.KindRefresh:
-			// The VM is a restore of the session's own saved state.
+			// The VM is a restore of the session's own saved state, one
+			// of its forks perhaps.
 			var r wire.Refresh
 			if err := json.Unmarshal(p, &r); err != nil {
 				return fmt.Errorf("session: refresh: %w", err)
 			}
-			if err := refresh(r.UnixNano, r.Seed); err != nil {
-				return err
-			}
-			if err := a.send(wire.KindIdle, nil); err != nil {
-				return err
-			}
+			go a.sessionRefresh(&r, turn)
 		case wire.KindFile:
 			var op wire.File
 			if err := json.Unmarshal(p, &op); err != nil {
@@ -677,6 +798,18 @@ func (a *agent) session(s *wire.Session) error {
 			return fmt.Errorf("session: want a run, kill, refresh or file frame, got %s", k)
 		}
 	}
+}
+
+// sessionRefresh refreshes a session's VM restored from its saved state,
+// once the run in progress (none, as the host saves an idle VM) is done,
+// makes the next run's python3 this copy's own and says Idle.
+func (a *agent) sessionRefresh(r *wire.Refresh, turn chan struct{}) {
+	turn <- struct{}{}
+	defer func() { <-turn }()
+	if err := a.restored(r.UnixNano, r.Seed); err != nil {
+		a.fatal(fmt.Errorf("session: refresh: %w", err))
+	}
+	a.send(wire.KindIdle, nil)
 }
 
 // sessionRun carries out one run of a session once the previous one is
@@ -713,12 +846,9 @@ func (a *agent) sessionRun(r *wire.Run, st *runState, turn chan struct{}) {
 		a.send(wire.KindIdle, nil)
 		return
 	}
-	a.groups++
-	z, err := startZygote(fmt.Sprintf("%s/run-%d", cgroupDir, a.groups))
-	if err != nil {
+	if err := a.newZygote(); err != nil {
 		a.fatal(fmt.Errorf("start the next run's python3: %w", err))
 	}
-	a.zygote = z
 	a.send(wire.KindIdle, nil)
 }
 
@@ -775,7 +905,14 @@ func refresh(unixNano int64, seed []byte) error {
 
 // run runs r's code in the zygote and returns the evidence of how it
 // ended. Every process of the run is gone when it returns.
+//
+// The code runs only in a python3 of the current generation: when the
+// zygote is of an earlier one (or there is none), a new one starts now,
+// on the run's path.
 func (a *agent) run(r *wire.Run, st *runState) (*wire.Exit, error) {
+	if err := a.freshen(); err != nil {
+		return nil, err
+	}
 	z := a.zygote
 	a.zygote = nil
 	group := z.group

@@ -174,9 +174,10 @@ func TestSendJSON(t *testing.T) {
 	}
 }
 
-// serve takes one Run or Session frame and nothing else. Every case here fails before
-// the agent touches the machine: none carries a seed or a time (with them,
-// refresh would set this host's clock and feed its random pool).
+// serve takes a Refresh, then one Run or Session frame, and nothing else.
+// Every case here fails before the agent touches the machine: none carries
+// a seed or a time (with them, refresh would set this host's clock and feed
+// its random pool).
 func TestServeRejects(t *testing.T) {
 	frame := func(k wire.Kind, p string) []byte {
 		var b bytes.Buffer
@@ -200,11 +201,11 @@ func TestServeRejects(t *testing.T) {
 		{"a header cut short", []byte{byte(wire.KindRun), 0, 0}, "read run", io.ErrUnexpectedEOF},
 		{"a payload cut short", frame(wire.KindRun, `{"code":"cHJpbnQoMSk="}`)[:12], "read run", io.ErrUnexpectedEOF},
 		{"a frame past MaxPayload", []byte{byte(wire.KindRun), 0x02, 0x00, 0x00, 0x01}, "read run", wire.ErrTooLarge},
-		{"a hello", frame(wire.KindHello, `{}`), "want a run or a session frame, got hello", nil},
-		{"stdout", frame(wire.KindStdout, "x"), "want a run or a session frame, got stdout", nil},
-		{"a file operation before a session", frame(wire.KindFile, `{"op":"stat","name":"x"}`), "want a run or a session frame, got file", nil},
-		{"a kill", frame(wire.KindKill, ""), "want a run or a session frame, got kill", nil},
-		{"an unknown kind", frame(wire.Kind(0), ""), "want a run or a session frame, got kind(0x0)", nil},
+		{"a hello", frame(wire.KindHello, `{}`), "want a refresh, a run or a session frame, got hello", nil},
+		{"stdout", frame(wire.KindStdout, "x"), "want a refresh, a run or a session frame, got stdout", nil},
+		{"a file operation before a session", frame(wire.KindFile, `{"op":"stat","name":"x"}`), "want a refresh, a run or a session frame, got file", nil},
+		{"a kill", frame(wire.KindKill, ""), "want a refresh, a run or a session frame, got kill", nil},
+		{"an unknown kind", frame(wire.Kind(0), ""), "want a refresh, a run or a session frame, got kind(0x0)", nil},
 		{"not JSON", frame(wire.KindRun, "print(1)"), "run: ", nil},
 		{"an empty run", frame(wire.KindRun, ""), "run: ", nil},
 		{"code that is not base64", frame(wire.KindRun, `{"code":"%%%"}`), "run: ", nil},
@@ -213,6 +214,8 @@ func TestServeRejects(t *testing.T) {
 		{"no seed, a time before 1970", run(wire.Run{Code: []byte("print(1)"), UnixNano: -1}), "no seed", nil},
 		{"a session that is not JSON", frame(wire.KindSession, "{"), "session: ", nil},
 		{"a session without a seed", frame(wire.KindSession, `{"disk":1048576}`), "no seed", nil},
+		{"a refresh that is not JSON", frame(wire.KindRefresh, "{"), "refresh: ", nil},
+		{"a refresh without a seed", frame(wire.KindRefresh, `{}`), "no seed", nil},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			agentEnd, hostEnd := portPair(t)

@@ -7,6 +7,10 @@
 //
 //	guest → host  Hello    the agent is ready (sent once, at boot, before the
 //	                       template is saved)
+//	host → guest  Refresh  the time and fresh randomness, as soon as the VM
+//	                       is restored (it then waits in the host's pool)
+//	guest → host  Idle     the agent has reseeded the guest and started the
+//	                       run's python3 afresh, after the reseed
 //	host → guest  Run      the code, the limits, the time and fresh randomness
 //	guest → host  Started  python3 runs the code
 //	guest → host  Stdout, Stderr   output chunks, as they come
@@ -22,6 +26,13 @@
 // Refresh (the time and fresh randomness, as in Session) comes first to a
 // session's VM restored from its own saved state (a suspended session, or
 // one of its forks), and the agent answers it with Idle.
+//
+// Refresh, Session, and a Run that comes first each tell the agent that
+// the VM is a new copy of a saved state: the python3 waiting in that state
+// (and in every other copy of it) holds one string hash secret, so the
+// agent replaces it with one started after the reseed before any code runs
+// — except a session's live interpreter that has run code, which is the
+// session's memory.
 //
 // The payloads of Hello, Run, Session, Exit, File and FileReply are JSON;
 // Refresh is JSON too; Stdout and Stderr are raw bytes; Data is an 8-byte big-endian operation
@@ -217,10 +228,11 @@ type Session struct {
 	Egress *Egress `json:"egress,omitempty"`
 }
 
-// Refresh sets the guest's clock and reseeds its random generator, in a
-// session's VM restored from that session's saved state: the state holds
-// the time and the random state of the moment it was saved, the same in
-// every VM restored from it.
+// Refresh sets the guest's clock and reseeds its random generator, in a VM
+// just restored from the template (before its one Run) or from a session's
+// saved state: the state holds the time and the random state of the moment
+// it was saved, and a python3 started before, the same in every VM
+// restored from it.
 type Refresh struct {
 	UnixNano int64  `json:"unix_nano"`
 	Seed     []byte `json:"seed"`
