@@ -429,9 +429,13 @@ func TestGuestEvidence(t *testing.T) {
 func TestTimeoutBeforeOutput(t *testing.T) {
 	l := moat.Limits{Output: 4 * moat.KiB}
 	sb := fakeSandbox(t, l, func(conn net.Conn) {
-		wire.Write(conn, wire.KindStarted, nil)
-		wire.Write(conn, wire.KindStdout, bytes.Repeat([]byte("x"), 16<<10))
-		exitFrame(conn, `{"signal":9,"cpu":true,"cpu_ms":10000}`)
+		// One write: the report is on its way before the host reads
+		// the output that passes the cap, as the agent's would be.
+		var b bytes.Buffer
+		wire.Write(&b, wire.KindStarted, nil)
+		wire.Write(&b, wire.KindStdout, bytes.Repeat([]byte("x"), 16<<10))
+		wire.Write(&b, wire.KindExit, []byte(`{"signal":9,"cpu":true,"cpu_ms":10000}`))
+		conn.Write(b.Bytes())
 	})
 	res, err := sb.Run(context.Background(), moat.Request{Code: []byte("print(1)")})
 	if err != nil {
