@@ -108,11 +108,15 @@ type Server struct {
 	cfg     Config
 	log     *slog.Logger
 	keys    []keyHash
+	// secrets are the owners' e2b keys, from which their sandboxes'
+	// tokens are derived (deriveToken).
+	secrets map[string]string
 	handler http.Handler
 
 	mu sync.Mutex
-	// sandboxes are the sessions made through this API, by id; one whose
-	// session has ended is forgotten when next looked up.
+	// sandboxes are the sessions made through this API, by id, from
+	// before a restart too (load); one whose session has ended is
+	// forgotten when next looked up.
 	sandboxes map[string]*sandbox
 }
 
@@ -121,17 +125,22 @@ type keyHash struct {
 	sum   [32]byte
 }
 
-// sandbox is what this API keeps of a sandbox beside its moat session.
-// Every field but procs is fixed at creation, except where noted.
+// sandbox is what this API keeps of a sandbox beside its moat session,
+// and in the session's record (sandboxRecord). Every field but procs is
+// fixed at creation, except where noted.
 type sandbox struct {
 	id, owner, template string
 	metadata            map[string]string
 	envs                map[string]string
+	// nonce is what the sandbox's tokens are derived from, with the
+	// owner's key.
+	nonce string
 	// access is the sandbox's envd access token, which the sandbox side
-	// checks; accessSum its digest.
-	access    string
-	accessSum [32]byte
-	started   time.Time
+	// checks; accessSum its digest. traffic is its traffic access token,
+	// which the code interpreter's /contexts calls carry instead.
+	access, traffic       string
+	accessSum, trafficSum [32]byte
+	started               time.Time
 	// interpreter says the session keeps a live interpreter: commands
 	// then run as its children, never in its place.
 	interpreter bool
@@ -153,18 +162,20 @@ func New(cfg Config) (*Server, error) {
 	if cfg.WriteTimeout == 0 {
 		cfg.WriteTimeout = moat.Duration(30 * time.Second)
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, sandboxes: map[string]*sandbox{}}
+	s := &Server{cfg: cfg, log: cfg.Logger, sandboxes: map[string]*sandbox{}, secrets: map[string]string{}}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	for _, t := range cfg.Tokens {
 		if t.E2BKey != "" {
 			s.keys = append(s.keys, keyHash{t.Name, sha256.Sum256([]byte(t.E2BKey))})
+			s.secrets[t.Name] = t.E2BKey
 		}
 	}
 	if len(s.keys) == 0 {
 		return nil, fmt.Errorf("e2b: no token has an e2b key (e2b_key in the tokens file): the API would serve no one: %w", moat.ErrInvalid)
 	}
+	s.load()
 	s.handler = s.routes()
 	return s, nil
 }
@@ -275,6 +286,13 @@ func (s *Server) forget(sb *sandbox) {
 func checkAccess(r *http.Request, sb *sandbox) bool {
 	sum := sha256.Sum256([]byte(r.Header.Get("X-Access-Token")))
 	return subtle.ConstantTimeCompare(sum[:], sb.accessSum[:]) == 1
+}
+
+// checkTraffic compares the request's E2B-Traffic-Access-Token with sb's
+// traffic token.
+func checkTraffic(r *http.Request, sb *sandbox) bool {
+	sum := sha256.Sum256([]byte(r.Header.Get("E2B-Traffic-Access-Token")))
+	return subtle.ConstantTimeCompare(sum[:], sb.trafficSum[:]) == 1
 }
 
 // trimHome is used in messages: the E2B path of a session file name.

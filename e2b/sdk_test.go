@@ -158,8 +158,8 @@ func testCodeInterpreterSDK(t *testing.T, dir string) {
 // printed. The script runs from a directory of its own whose node_modules
 // is the harness's, so that one script serves every harness. Only what
 // the SDK needs is in its environment: nothing of the test's own (an
-// E2B_API_KEY of the developer's above all).
-func runNode(t *testing.T, node, sdk, script, url string) string {
+// E2B_API_KEY of the developer's above all), but env.
+func runNode(t *testing.T, node, sdk, script, url string, env ...string) string {
 	t.Helper()
 	mods, err := filepath.Abs(filepath.Join(sdk, "node_modules"))
 	if err != nil {
@@ -185,6 +185,7 @@ func runNode(t *testing.T, node, sdk, script, url string) string {
 		"E2B_API_KEY=" + keyA, "E2B_API_URL=" + url, "E2B_SANDBOX_URL=" + url,
 		"E2B_DOMAIN=moat.invalid",
 	}
+	cmd.Env = append(cmd.Env, env...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

@@ -15,6 +15,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -624,4 +625,146 @@ func TestServeE2BShutdownCommand(t *testing.T) {
 		t.Errorf("the session was not suspended at shutdown: %s", errb.String())
 	}
 	t.Logf("stopped in %v", time.Since(start))
+}
+
+// serveProcess is moat serve in a child process (the test binary standing
+// in for moat), so that the test can kill it with SIGKILL.
+type serveProcess struct {
+	cmd  *exec.Cmd
+	e2b  string // the E2B API's URL
+	log  string
+	done chan struct{}
+}
+
+func startServeProcess(t *testing.T, args ...string) *serveProcess {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(t.TempDir(), "log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(self, append([]string{"serve", "--addr", "127.0.0.1:0", "--e2b-addr", "127.0.0.1:0"}, args...)...)
+	cmd.Env = append(os.Environ(), envMain+"=1")
+	cmd.Stderr = logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &serveProcess{cmd: cmd, log: logPath, done: make(chan struct{})}
+	go func() { cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-p.done
+	})
+	re := regexp.MustCompile(`msg="serve: the E2B API is listening" url=(http://127\.0\.0\.1:\d+)`)
+	for deadline := time.Now().Add(30 * time.Second); p.e2b == ""; time.Sleep(20 * time.Millisecond) {
+		b, _ := os.ReadFile(logPath)
+		if m := re.FindSubmatch(b); m != nil {
+			p.e2b = string(m[1])
+		}
+		select {
+		case <-p.done:
+			t.Fatalf("serve exited: %s", b)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("serve did not start: %s", b)
+		}
+	}
+	return p
+}
+
+// TestServeE2BKillRestart: after moat serve is killed with SIGKILL, the
+// next one on the same state directory keeps the sandbox that was paused
+// (connect resumes it, with its files), and not the one that was running,
+// whose session the crash lost; a graceful restart with on_idle suspend
+// keeps the running ones too.
+func TestServeE2BKillRestart(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI must run as root: the subprocess level needs it")
+		}
+		t.Skip("the subprocess level needs root (CI runs this as root)")
+	}
+	const key = "e2b_00112233445566778899aabbccddeeff00112233"
+	tokens := writeTokens(t, "alice s3cret-token-0123456789 "+key+"\n", 0o600)
+	args := []string{"--tokens-file", tokens, "--state-dir", t.TempDir(), "--on-idle", "suspend", "--level", "subprocess"}
+	call := func(p *serveProcess, method, path, body string, hdr map[string]string) (int, map[string]any) {
+		t.Helper()
+		req, _ := http.NewRequest(method, p.e2b+path, strings.NewReader(body))
+		req.Header.Set("X-API-KEY", key)
+		req.Header.Set("Content-Type", "application/json")
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var m map[string]any
+		json.NewDecoder(resp.Body).Decode(&m)
+		return resp.StatusCode, m
+	}
+	p := startServeProcess(t, args...)
+	st, paused := call(p, "POST", "/v2/sandboxes", `{"templateID":"base"}`, nil)
+	if st != 201 {
+		t.Fatalf("create: %d %v", st, paused)
+	}
+	pid, _ := paused["sandboxID"].(string)
+	files := map[string]string{"E2b-Sandbox-Id": pid, "X-Access-Token": paused["envdAccessToken"].(string), "Content-Type": "application/octet-stream"}
+	if st, m := call(p, "POST", "/files?path=/home/user/kept.txt", "kept", files); st != 200 {
+		t.Fatalf("write: %d %v", st, m)
+	}
+	if st, _ := call(p, "POST", "/sandboxes/"+pid+"/pause", "", nil); st != 204 {
+		t.Fatalf("pause: %d", st)
+	}
+	_, running := call(p, "POST", "/v2/sandboxes", `{"templateID":"base"}`, nil)
+	rid, _ := running["sandboxID"].(string)
+	p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+
+	p = startServeProcess(t, args...)
+	if st, m := call(p, "GET", "/sandboxes/"+pid, "", nil); st != 200 || m["state"] != "paused" {
+		t.Errorf("the paused sandbox after SIGKILL: %d %v", st, m)
+	}
+	if st, _ := call(p, "GET", "/sandboxes/"+rid, "", nil); st != 404 {
+		t.Errorf("the running sandbox after SIGKILL: %d, want 404 (its session was lost)", st)
+	}
+	st, m := call(p, "POST", "/v2/sandboxes/"+pid+"/connect", `{"timeout":60}`, nil)
+	if st != 201 || m["envdAccessToken"] != paused["envdAccessToken"] {
+		t.Errorf("connect: %d %v, want 201 and the same access token", st, m)
+	}
+	req, _ := http.NewRequest("GET", p.e2b+"/files?path=kept.txt", nil)
+	req.Header.Set("E2b-Sandbox-Id", pid)
+	req.Header.Set("X-Access-Token", paused["envdAccessToken"].(string))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(b) != "kept" {
+		t.Errorf("its file after the restart: %d %q", resp.StatusCode, b)
+	}
+	// A graceful restart (SIGTERM, on_idle suspend) keeps the running one.
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	<-p.done
+	if p.cmd.ProcessState.ExitCode() != 0 {
+		log, _ := os.ReadFile(p.log)
+		t.Errorf("exit %d after SIGTERM: %s", p.cmd.ProcessState.ExitCode(), log)
+	}
+	p = startServeProcess(t, args...)
+	if st, m := call(p, "GET", "/sandboxes/"+pid, "", nil); st != 200 || m["state"] != "paused" {
+		t.Errorf("the sandbox after a graceful restart: %d %v, want it paused", st, m)
+	}
+	if st, _ := call(p, "DELETE", "/sandboxes/"+pid, "", nil); st != 204 {
+		t.Errorf("kill: %d", st)
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	<-p.done
 }
