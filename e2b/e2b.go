@@ -105,9 +105,9 @@ type Config struct {
 // resources of its own: the sessions are the moat server's, which ends
 // them.
 type Server struct {
-	cfg     Config
-	log     *slog.Logger
-	keys    []keyHash
+	cfg  Config
+	log  *slog.Logger
+	keys []keyHash
 	// secrets are the owners' e2b keys, from which their sandboxes'
 	// tokens are derived (deriveToken).
 	secrets map[string]string
