@@ -8,7 +8,9 @@
 // X-Access-Token: on port 49983 (E2b-Sandbox-Port), E2B's in-sandbox
 // daemon, envd: GET /health, GET and POST /files, and the Connect-RPC
 // services process.Process and filesystem.Filesystem; on port 49999 the
-// code interpreter's POST /execute (runCode) in the default context. Any
+// code interpreter's POST /execute (runCode) and its /contexts, each
+// context a namespace of its own in the sandbox's live interpreter (see
+// contexts.go). Any
 // other request is for the control plane (POST /v2/sandboxes and the
 // rest), checked against its X-API-KEY, an e2b_ key that the tokens file
 // gives a moat token (server.Token.E2BKey).
@@ -23,6 +25,11 @@
 // executes the command (commands.run's bash -c) in the session's
 // directory; code interpreter cells as a run whose runner evaluates the
 // cell's last expression.
+//
+// What this API keeps of a sandbox (sandboxRecord) is in its session's
+// record in the server's database, so that a sandbox lasts exactly as its
+// session does, across a restart of moat serve too; its tokens are derived
+// from the owner's key, never stored.
 //
 // What is not mapped yet, and the error an SDK shows for it, is in
 // docs/e2b.md.
@@ -112,6 +119,7 @@ type Server struct {
 	// tokens are derived (deriveToken).
 	secrets map[string]string
 	handler http.Handler
+	interp  http.Handler
 
 	mu sync.Mutex
 	// sandboxes are the sessions made through this API, by id, from
@@ -146,6 +154,11 @@ type sandbox struct {
 	interpreter bool
 	procs       procTable
 	executions  atomic.Int64
+
+	// ctxMu guards contexts, the code interpreter's contexts in the
+	// order they were made, and orders their writes to the record.
+	ctxMu    sync.Mutex
+	contexts []codeContext
 }
 
 // New returns a Server over cfg.Sessions.
@@ -176,6 +189,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("e2b: no token has an e2b key (e2b_key in the tokens file): the API would serve no one: %w", moat.ErrInvalid)
 	}
 	s.load()
+	s.interp = s.interpreterRoutes()
 	s.handler = s.routes()
 	return s, nil
 }

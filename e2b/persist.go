@@ -39,6 +39,9 @@ type sandboxRecord struct {
 	Interpreter bool              `json:"interpreter,omitempty"`
 	Nonce       string            `json:"nonce"`
 	StartedAt   time.Time         `json:"started_at"`
+	// Contexts are the code interpreter's contexts (their names live in
+	// the interpreter, kept where the level keeps memory).
+	Contexts []codeContext `json:"contexts,omitempty"`
 }
 
 func newNonce() string {
@@ -62,7 +65,7 @@ func deriveToken(key, kind, id, nonce string) string {
 // record returns what is kept of sb.
 func (sb *sandbox) record() sandboxRecord {
 	return sandboxRecord{Kind: frontKind, Template: sb.template, Metadata: sb.metadata, Envs: sb.envs,
-		Interpreter: sb.interpreter, Nonce: sb.nonce, StartedAt: sb.started}
+		Interpreter: sb.interpreter, Nonce: sb.nonce, StartedAt: sb.started, Contexts: sb.contexts}
 }
 
 // newSandbox returns the sandbox of session info that rec describes, with
@@ -74,7 +77,7 @@ func (s *Server) newSandbox(info server.SessionInfo, rec sandboxRecord) (*sandbo
 		return nil, false
 	}
 	sb := &sandbox{id: info.ID, owner: info.Owner, template: rec.Template, metadata: rec.Metadata, envs: rec.Envs,
-		started: rec.StartedAt, interpreter: rec.Interpreter, nonce: rec.Nonce}
+		started: rec.StartedAt, interpreter: rec.Interpreter, nonce: rec.Nonce, contexts: rec.Contexts}
 	sb.access = deriveToken(key, "envd", sb.id, sb.nonce)
 	sb.traffic = deriveToken(key, "traffic", sb.id, sb.nonce)
 	sb.accessSum = sha256.Sum256([]byte(sb.access))

@@ -101,6 +101,7 @@ func testSandboxesSurviveRestart(t *testing.T, dir string) {
 
 // TestRestartForgetsWhatEnded: a sandbox killed before a restart, and one
 // whose session was ended through moat's own API, are not found after it;
+// one kept keeps its metadata and code contexts;
 // a sandbox of a key that the tokens no longer give is not served by this
 // API (its session stays moat's).
 func TestRestartForgetsWhatEnded(t *testing.T) {
@@ -115,6 +116,10 @@ func TestRestartForgetsWhatEnded(t *testing.T) {
 	}
 	if err := ts.srv.EndSession("a", ended.SandboxID); err != nil {
 		t.Fatal(err)
+	}
+	st, ctx := interp(t, ts, kept, "POST", "/contexts", `{"cwd":"sub"}`, map[string]string{"X-Access-Token": kept.EnvdAccessToken})
+	if st != 200 {
+		t.Fatalf("a context: %d %s", st, ctx)
 	}
 	ts.stop()
 
@@ -132,6 +137,9 @@ func TestRestartForgetsWhatEnded(t *testing.T) {
 	ts.do(t, keyA, "GET", "/v2/sandboxes", nil, &list)
 	if len(list) != 1 || list[0].SandboxID != kept.SandboxID || list[0].Metadata["k"] != "v" || list[0].State != "paused" {
 		t.Errorf("list after the restart: %+v, want only %s, paused, with its metadata", list, kept.SandboxID)
+	}
+	if st, list := interp(t, ts, kept, "GET", "/contexts", "", map[string]string{"X-Access-Token": kept.EnvdAccessToken}); st != 200 || "["+ctx+"]" != list {
+		t.Errorf("its contexts after the restart: %d %s, want [%s]", st, list, ctx)
 	}
 	resp, err := sandboxClient(ofB.SandboxID, ofB.EnvdAccessToken).Get(ts.URL + "/files?path=x")
 	if err != nil {

@@ -194,3 +194,32 @@ func runNode(t *testing.T, node, sdk, script, url string, env ...string) string 
 	}
 	return string(out)
 }
+
+// TestCodeContextsSDK drives the code interpreter's contexts with
+// @e2b/code-interpreter, unchanged: a context's names are its own, its
+// files the sandbox's, its cwd its cells' working directory; list,
+// restart and remove.
+func TestCodeContextsSDK(t *testing.T) {
+	for _, v := range sdkVersions {
+		t.Run(v, func(t *testing.T) {
+			dir := filepath.Join("testdata", v)
+			node := nodeFor(t, dir)
+			ts := startServer(t, moat.Limits{}, nil)
+			out := runNode(t, node, dir, "contexts.mjs", ts.URL)
+			for _, want := range []string{
+				`{"step":"created","language":"python","cwd":"/home/user","id":true}`,
+				`{"step":"names","ctx":"'in the context'","def":"'in the default'"}`,
+				`{"step":"cwd","cwd":"/home/user/sub","read":"'in sub'","shared":"'in sub'","back":"True"}`,
+				`{"step":"listed","same":true,"n":2}`,
+				`{"step":"restarted","error":"NameError","def":"'in the default'"}`,
+				`{"step":"removed","error":"NotFoundError","n":1}`,
+				`{"step":"language","error":"SandboxError"}`,
+				`{"step":"kill","killed":true}`,
+			} {
+				if !strings.Contains(out, want+"\n") {
+					t.Errorf("no %s in:\n%s", want, out)
+				}
+			}
+		})
+	}
+}

@@ -431,7 +431,7 @@ func TestServeE2BEveryLevel(t *testing.T) {
 	if err := os.Symlink(mods, filepath.Join(dir, "node_modules")); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"smoke.mjs", "interp.mjs"} {
+	for _, name := range []string{"smoke.mjs", "interp.mjs", "contexts.mjs"} {
 		src, err := os.ReadFile(filepath.Join(scripts, name))
 		if err != nil {
 			t.Fatal(err)
@@ -521,6 +521,20 @@ func TestServeE2BEveryLevel(t *testing.T) {
 				`{"step":"kept","text":"43"}`, `{"step":"after","text":"42"}`, `"name":"ZeroDivisionError"`} {
 				if !strings.Contains(string(iout), want) {
 					t.Errorf("no %s in:\n%s", want, iout)
+				}
+			}
+			// The code interpreter's contexts.
+			ccmd := exec.CommandContext(sctx, node, "contexts.mjs")
+			ccmd.Dir, ccmd.Env = dir, icmd.Env
+			cout, err := ccmd.Output()
+			if err != nil {
+				t.Fatalf("node contexts.mjs: %v\n%s", err, cout)
+			}
+			for _, want := range []string{`{"step":"names","ctx":"'in the context'","def":"'in the default'"}`,
+				`{"step":"cwd","cwd":"/home/user/sub","read":"'in sub'","shared":"'in sub'","back":"True"}`,
+				`{"step":"restarted","error":"NameError","def":"'in the default'"}`} {
+				if !strings.Contains(string(cout), want) {
+					t.Errorf("no %s in:\n%s", want, cout)
 				}
 			}
 			for _, want := range []string{
