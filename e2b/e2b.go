@@ -154,6 +154,8 @@ type sandbox struct {
 	interpreter bool
 	procs       procTable
 	executions  atomic.Int64
+	// watches counts the WatchDir streams in progress.
+	watches atomic.Int32
 
 	// ctxMu guards contexts, the code interpreter's contexts in the
 	// order they were made, and orders their writes to the record.

@@ -228,10 +228,6 @@ func (f *filesystemService) Remove(ctx context.Context, req *connect.Request[fil
 	return connect.NewResponse(&filesystem.RemoveResponse{}), nil
 }
 
-func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[filesystem.WatchDirRequest], stream *connect.ServerStream[filesystem.WatchDirResponse]) error {
-	return unimplemented("watching a directory is not supported by moat yet")
-}
-
 func (f *filesystemService) CreateWatcher(ctx context.Context, req *connect.Request[filesystem.CreateWatcherRequest]) (*connect.Response[filesystem.CreateWatcherResponse], error) {
-	return nil, unimplemented("watching a directory is not supported by moat yet")
+	return nil, unimplemented("the non-streaming watchers are not supported by moat yet: watchDir (WatchDir, streaming) is")
 }

@@ -223,3 +223,27 @@ func TestCodeContextsSDK(t *testing.T) {
 		})
 	}
 }
+
+// TestWatchDirSDK drives files.watchDir with the unchanged SDK: the
+// events of files written through files and by commands, and removed, in
+// the directory watched and below it, none of elsewhere; a missing
+// directory is the SDK's FileNotFoundError.
+func TestWatchDirSDK(t *testing.T) {
+	for _, v := range sdkVersions {
+		t.Run(v, func(t *testing.T) {
+			dir := filepath.Join("testdata", v)
+			node := nodeFor(t, dir)
+			ts := startServer(t, moat.Limits{}, nil)
+			out := runNode(t, node, dir, "watch.mjs", ts.URL)
+			for _, want := range []string{
+				`{"step":"events","want":["create new.txt","create sub","create sub/by-bash.txt","remove old.txt"],"outside":[]}`,
+				`{"step":"missing","error":"FileNotFoundError"}`,
+				`{"step":"kill","killed":true}`,
+			} {
+				if !strings.Contains(out, want+"\n") {
+					t.Errorf("no %s in:\n%s", want, out)
+				}
+			}
+		})
+	}
+}

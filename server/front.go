@@ -282,3 +282,30 @@ func (s *Server) ExtendSession(owner, id string, ttl time.Duration) (SessionInfo
 // ErrorStatus returns the HTTP status and stable code the server's own
 // routes answer err with.
 func ErrorStatus(err error) (status int, code string) { return classify(err) }
+
+// PeekSession is UseSession for a look that must not wake a session:
+// running is false, and nothing is marked, when owner's session id is
+// suspended, broken, or being suspended or resumed. A running session is
+// marked busy until done, without counting as activity (its idle timeout
+// runs on). err is for a session that is not there, or has ended.
+func (s *Server) PeekSession(owner, id string) (sess moat.Session, done func(), running bool, err error) {
+	ss, err := s.find(owner, id)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.ended {
+		return nil, nil, false, fmt.Errorf("session %s: %w", id, errSessionClosed)
+	}
+	if ss.moving || ss.rec.state() != stateRunning {
+		return nil, nil, false, nil
+	}
+	ss.busy++
+	return ss.sess, func() {
+		ss.mu.Lock()
+		ss.busy--
+		ss.signal()
+		ss.mu.Unlock()
+	}, true, nil
+}
