@@ -121,6 +121,10 @@ type Server struct {
 	handler http.Handler
 	interp  http.Handler
 
+	// stopWatches is closed by EndWatches.
+	stopWatches chan struct{}
+	endOnce     sync.Once
+
 	mu sync.Mutex
 	// sandboxes are the sessions made through this API, by id, from
 	// before a restart too (load); one whose session has ended is
@@ -177,7 +181,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.WriteTimeout == 0 {
 		cfg.WriteTimeout = moat.Duration(30 * time.Second)
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, sandboxes: map[string]*sandbox{}, secrets: map[string]string{}}
+	s := &Server{cfg: cfg, log: cfg.Logger, sandboxes: map[string]*sandbox{}, secrets: map[string]string{}, stopWatches: make(chan struct{})}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -195,6 +199,12 @@ func New(cfg Config) (*Server, error) {
 	s.handler = s.routes()
 	return s, nil
 }
+
+// EndWatches ends every files.watchDir stream in progress, and refuses new
+// ones (unavailable): a watch is no work that a shutdown should wait for.
+// Give it to http.Server.RegisterOnShutdown. It is safe to call more than
+// once.
+func (s *Server) EndWatches() { s.endOnce.Do(func() { close(s.stopWatches) }) }
 
 // Handler returns the server's HTTP handler: the sandbox side for
 // requests with an E2b-Sandbox-Id header, the control plane for the rest.

@@ -101,8 +101,8 @@ func watchEvents(old, cur map[string]watchState) []*filesystem.FilesystemEvent {
 // keepalives (Keepalive-Ping-Interval seconds, default 50). A change undone
 // between two listings is not seen. While the sandbox is paused the watch
 // waits, without waking it; it ends with the request (the SDK's timeoutMs,
-// or stop()), with the sandbox, or when the session has more files than a
-// watch compares.
+// or stop()), with the sandbox, at EndWatches, or when the session has more
+// files than a watch compares.
 func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[filesystem.WatchDirRequest], stream *connect.ServerStream[filesystem.WatchDirResponse]) error {
 	sb := current(ctx)
 	dir, sess, done, err := f.use(ctx, req.Msg.GetPath())
@@ -126,6 +126,11 @@ func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[f
 	if err != nil {
 		return fsError(err)
 	}
+	select {
+	case <-f.s.stopWatches:
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("e2b: moat serve is shutting down"))
+	default:
+	}
 	if n := sb.watches.Add(1); n > maxWatches {
 		sb.watches.Add(-1)
 		return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("e2b: sandbox %s has %d watches, the most moat polls at once", sb.id, maxWatches))
@@ -144,6 +149,8 @@ func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[f
 	for {
 		select {
 		case <-ctx.Done():
+			return nil
+		case <-f.s.stopWatches:
 			return nil
 		case <-ping.C:
 			if err := stream.Send(&filesystem.WatchDirResponse{Event: &filesystem.WatchDirResponse_Keepalive{Keepalive: &filesystem.WatchDirResponse_KeepAlive{}}}); err != nil {

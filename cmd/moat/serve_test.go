@@ -782,3 +782,72 @@ func TestServeE2BKillRestart(t *testing.T) {
 	p.cmd.Process.Signal(syscall.SIGTERM)
 	<-p.done
 }
+
+// TestServeE2BShutdownWatch stops moat serve (on_idle suspend) while a
+// files.watchDir stream is open: the watch ends at once, and the shutdown
+// does not wait the shutdown timeout for it as it does for a command (the
+// watch of a suspended sandbox would wait on).
+func TestServeE2BShutdownWatch(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI must run as root: the subprocess level needs it")
+		}
+		t.Skip("the subprocess level needs root (CI runs this as root)")
+	}
+	const key = "e2b_00112233445566778899aabbccddeeff00112233"
+	const wait = 30 * time.Second
+	tokens := writeTokens(t, "alice s3cret-token-0123456789 "+key+"\n", 0o600)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var errb lockedBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- cmdServe(ctx, []string{"--addr", "127.0.0.1:0", "--e2b-addr", "127.0.0.1:0", "--tokens-file", tokens, "--state-dir", t.TempDir(),
+			"--on-idle", "suspend", "--shutdown-timeout", wait.String()},
+			Stdio{In: strings.NewReader(""), Out: io.Discard, Err: &errb})
+	}()
+	var e2bURL string
+	for deadline := time.Now().Add(20 * time.Second); e2bURL == ""; time.Sleep(20 * time.Millisecond) {
+		if m := regexp.MustCompile(`msg="serve: the E2B API is listening" url=(http://127\.0\.0\.1:\d+)`).FindStringSubmatch(errb.String()); m != nil {
+			e2bURL = m[1]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("serve did not start: %s", errb.String())
+		}
+	}
+	req, _ := http.NewRequest("POST", e2bURL+"/v2/sandboxes", strings.NewReader(`{}`))
+	req.Header.Set("X-API-KEY", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sb struct{ SandboxID, EnvdAccessToken string }
+	json.NewDecoder(resp.Body).Decode(&sb)
+	resp.Body.Close()
+	msg := []byte(`{"path":"/home/user"}`)
+	req, _ = http.NewRequest("POST", e2bURL+"/filesystem.Filesystem/WatchDir", bytes.NewReader(append([]byte{0, 0, 0, 0, byte(len(msg))}, msg...)))
+	req.Header.Set("Content-Type", "application/connect+json")
+	req.Header.Set("E2b-Sandbox-Id", sb.SandboxID)
+	req.Header.Set("X-Access-Token", sb.EnvdAccessToken)
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	// The start event, then stop the server as SIGTERM does.
+	buf := make([]byte, 4096)
+	if n, err := resp.Body.Read(buf); err != nil || !bytes.Contains(buf[:n], []byte(`"start"`)) {
+		t.Fatalf("the watch's stream: %v: %q", err, buf[:n])
+	}
+	start := time.Now()
+	cancel()
+	select {
+	case code := <-done:
+		if code != exitOK {
+			t.Errorf("exit %d after shutdown: %s", code, errb.String())
+		}
+	case <-time.After(wait / 3):
+		t.Fatalf("serve still stopping after a third of the shutdown timeout, waiting for a watch: %s", errb.String())
+	}
+	t.Logf("stopped in %v", time.Since(start))
+}
