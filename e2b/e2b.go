@@ -158,8 +158,12 @@ type sandbox struct {
 	interpreter bool
 	procs       procTable
 	executions  atomic.Int64
-	// watches counts the WatchDir streams in progress.
+	// watches counts the watches in progress: WatchDir streams and
+	// watchers.
 	watches atomic.Int32
+	// watchMu guards watchers, the watches that clients poll, by id.
+	watchMu  sync.Mutex
+	watchers map[string]*watcher
 
 	// ctxMu guards contexts, the code interpreter's contexts in the
 	// order they were made, and orders their writes to the record.

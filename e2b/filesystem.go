@@ -227,7 +227,3 @@ func (f *filesystemService) Remove(ctx context.Context, req *connect.Request[fil
 	}
 	return connect.NewResponse(&filesystem.RemoveResponse{}), nil
 }
-
-func (f *filesystemService) CreateWatcher(ctx context.Context, req *connect.Request[filesystem.CreateWatcherRequest]) (*connect.Response[filesystem.CreateWatcherResponse], error) {
-	return nil, unimplemented("the non-streaming watchers are not supported by moat yet: watchDir (WatchDir, streaming) is")
-}

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -64,6 +65,41 @@ func watchSnapshot(ctx context.Context, sess moat.Session, dir string, recursive
 	return snap, infos, nil
 }
 
+// startWatch checks that p is a directory of the current sandbox's and
+// takes a watch's first listing of it, counted in the sandbox's watches
+// (the caller takes it off when the watch ends).
+func (f *filesystemService) startWatch(ctx context.Context, p string, recursive bool) (string, map[string]watchState, error) {
+	sb := current(ctx)
+	dir, sess, done, err := f.use(ctx, p)
+	if err != nil {
+		return "", nil, err
+	}
+	defer done()
+	if dir != "." {
+		fi, err := sess.Stat(ctx, dir)
+		if err != nil {
+			return "", nil, fsError(err)
+		}
+		if !fi.IsDir {
+			return "", nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("e2b: %s is not a directory", homePath(dir)))
+		}
+	}
+	snap, _, err := watchSnapshot(ctx, sess, dir, recursive)
+	if err != nil {
+		return "", nil, fsError(err)
+	}
+	select {
+	case <-f.s.stopWatches:
+		return "", nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("e2b: moat serve is shutting down"))
+	default:
+	}
+	if n := sb.watches.Add(1); n > maxWatches {
+		sb.watches.Add(-1)
+		return "", nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("e2b: sandbox %s has %d watches, the most moat polls at once", sb.id, maxWatches))
+	}
+	return dir, snap, nil
+}
+
 // watchEvents are the events between two snapshots, by name: created,
 // removed, written (size or time changed), chmod (mode changed). A rename
 // is a remove and a create.
@@ -105,35 +141,10 @@ func watchEvents(old, cur map[string]watchState) []*filesystem.FilesystemEvent {
 // files than a watch compares.
 func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[filesystem.WatchDirRequest], stream *connect.ServerStream[filesystem.WatchDirResponse]) error {
 	sb := current(ctx)
-	dir, sess, done, err := f.use(ctx, req.Msg.GetPath())
+	recursive, withEntry := req.Msg.GetRecursive(), req.Msg.GetIncludeEntry()
+	dir, snap, err := f.startWatch(ctx, req.Msg.GetPath(), recursive)
 	if err != nil {
 		return err
-	}
-	if dir != "." {
-		fi, err := sess.Stat(ctx, dir)
-		if err != nil {
-			done()
-			return fsError(err)
-		}
-		if !fi.IsDir {
-			done()
-			return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("e2b: %s is not a directory", homePath(dir)))
-		}
-	}
-	recursive, withEntry := req.Msg.GetRecursive(), req.Msg.GetIncludeEntry()
-	snap, _, err := watchSnapshot(ctx, sess, dir, recursive)
-	done()
-	if err != nil {
-		return fsError(err)
-	}
-	select {
-	case <-f.s.stopWatches:
-		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("e2b: moat serve is shutting down"))
-	default:
-	}
-	if n := sb.watches.Add(1); n > maxWatches {
-		sb.watches.Add(-1)
-		return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("e2b: sandbox %s has %d watches, the most moat polls at once", sb.id, maxWatches))
 	}
 	defer sb.watches.Add(-1)
 	if err := stream.Send(&filesystem.WatchDirResponse{Event: &filesystem.WatchDirResponse_Start{Start: &filesystem.WatchDirResponse_StartEvent{}}}); err != nil {
@@ -185,4 +196,109 @@ func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[f
 		}
 		snap = cur
 	}
+}
+
+// watcher is a watch that its client polls (CreateWatcher and
+// GetWatcherEvents, what the Python SDK's watch_dir calls) instead of a
+// stream. One that is not polled for watcherIdle is dropped at the next
+// CreateWatcher of its sandbox, so that forgotten watchers do not hold
+// the sandbox's watches.
+type watcher struct {
+	dir       string
+	recursive bool
+	withEntry bool
+
+	mu   sync.Mutex
+	snap map[string]watchState
+	// last is when it was last listed, or made.
+	last time.Time
+}
+
+const watcherIdle = time.Minute
+
+func (f *filesystemService) CreateWatcher(ctx context.Context, req *connect.Request[filesystem.CreateWatcherRequest]) (*connect.Response[filesystem.CreateWatcherResponse], error) {
+	sb := current(ctx)
+	sb.watchMu.Lock()
+	for id, w := range sb.watchers {
+		w.mu.Lock()
+		idle := time.Since(w.last) > watcherIdle
+		w.mu.Unlock()
+		if idle {
+			delete(sb.watchers, id)
+			sb.watches.Add(-1)
+		}
+	}
+	sb.watchMu.Unlock()
+	dir, snap, err := f.startWatch(ctx, req.Msg.GetPath(), req.Msg.GetRecursive())
+	if err != nil {
+		return nil, err
+	}
+	id := newContextID()
+	sb.watchMu.Lock()
+	if sb.watchers == nil {
+		sb.watchers = map[string]*watcher{}
+	}
+	sb.watchers[id] = &watcher{dir: dir, recursive: req.Msg.GetRecursive(), withEntry: req.Msg.GetIncludeEntry(), snap: snap, last: time.Now()}
+	sb.watchMu.Unlock()
+	return connect.NewResponse(&filesystem.CreateWatcherResponse{WatcherId: id}), nil
+}
+
+func (f *filesystemService) watcher(ctx context.Context, id string) (*watcher, error) {
+	sb := current(ctx)
+	sb.watchMu.Lock()
+	defer sb.watchMu.Unlock()
+	w, ok := sb.watchers[id]
+	if !ok {
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("e2b: no watcher %q in sandbox %s", id, sb.id))
+	}
+	return w, nil
+}
+
+// GetWatcherEvents returns the changes since the watcher's last listing.
+// It lists the session's files at most once every watchInterval (an
+// earlier call gets no events), and not while the sandbox is paused.
+func (f *filesystemService) GetWatcherEvents(ctx context.Context, req *connect.Request[filesystem.GetWatcherEventsRequest]) (*connect.Response[filesystem.GetWatcherEventsResponse], error) {
+	sb := current(ctx)
+	w, err := f.watcher(ctx, req.Msg.GetWatcherId())
+	if err != nil {
+		return nil, err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := &filesystem.GetWatcherEventsResponse{}
+	if time.Since(w.last) < watchInterval {
+		return connect.NewResponse(out), nil
+	}
+	sess, done, running, err := f.s.cfg.Sessions.PeekSession(sb.owner, sb.id)
+	if err != nil {
+		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("e2b: sandbox %s is not running anymore: %w", sb.id, err))
+	}
+	if !running {
+		return connect.NewResponse(out), nil
+	}
+	cur, infos, err := watchSnapshot(ctx, sess, w.dir, w.recursive)
+	done()
+	if err != nil {
+		return nil, fsError(err)
+	}
+	for _, ev := range watchEvents(w.snap, cur) {
+		if w.withEntry && ev.Type != filesystem.EventType_EVENT_TYPE_REMOVE {
+			ev.Entry = entry(infos[ev.Name])
+		}
+		out.Events = append(out.Events, ev)
+	}
+	w.snap, w.last = cur, time.Now()
+	return connect.NewResponse(out), nil
+}
+
+func (f *filesystemService) RemoveWatcher(ctx context.Context, req *connect.Request[filesystem.RemoveWatcherRequest]) (*connect.Response[filesystem.RemoveWatcherResponse], error) {
+	sb := current(ctx)
+	sb.watchMu.Lock()
+	defer sb.watchMu.Unlock()
+	if _, ok := sb.watchers[req.Msg.GetWatcherId()]; !ok {
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("e2b: no watcher %q in sandbox %s", req.Msg.GetWatcherId(), sb.id))
+	}
+	delete(sb.watchers, req.Msg.GetWatcherId())
+	sb.watches.Add(-1)
+	return connect.NewResponse(&filesystem.RemoveWatcherResponse{}), nil
 }

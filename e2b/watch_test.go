@@ -108,3 +108,55 @@ func TestWatchDirWire(t *testing.T) {
 		t.Error("the watches of a killed sandbox go on")
 	}
 }
+
+// TestWatchersWire: the watches that a client polls (CreateWatcher,
+// GetWatcherEvents, RemoveWatcher) see what a stream sees, share the
+// sandbox's cap of 4 watches, and are gone once removed.
+func TestWatchersWire(t *testing.T) {
+	ts := startServer(t, moat.Limits{}, nil)
+	c := ts.create(t, keyA, nil)
+	cl := ts.clients(c.SandboxID, c.EnvdAccessToken)
+	ctx := context.Background()
+	w, err := cl.fs.CreateWatcher(ctx, connect.NewRequest(&filesystem.CreateWatcherRequest{Path: "/home/user", Recursive: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := w.Msg.GetWatcherId()
+	if _, err := run(t, cl, bash("mkdir -p a && echo x > a/b.txt")); err != nil {
+		t.Fatal(err)
+	}
+	var seen []string
+	for i := 0; i < 40 && len(seen) < 2; i++ {
+		time.Sleep(watchPause)
+		evs, err := cl.fs.GetWatcherEvents(ctx, connect.NewRequest(&filesystem.GetWatcherEventsRequest{WatcherId: id}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range evs.Msg.GetEvents() {
+			seen = append(seen, ev.GetType().String()+" "+ev.GetName())
+		}
+	}
+	if strings.Join(seen, ",") != "EVENT_TYPE_CREATE a,EVENT_TYPE_CREATE a/b.txt" {
+		t.Errorf("a watcher's events: %v", seen)
+	}
+	for range 3 {
+		if _, err := cl.fs.CreateWatcher(ctx, connect.NewRequest(&filesystem.CreateWatcherRequest{Path: "/home/user"})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cl.fs.CreateWatcher(ctx, connect.NewRequest(&filesystem.CreateWatcherRequest{Path: "/home/user"})); connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Errorf("a fifth watcher: %v, want resource_exhausted", err)
+	}
+	if _, err := cl.fs.RemoveWatcher(ctx, connect.NewRequest(&filesystem.RemoveWatcherRequest{WatcherId: id})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.fs.GetWatcherEvents(ctx, connect.NewRequest(&filesystem.GetWatcherEventsRequest{WatcherId: id})); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Errorf("a removed watcher: %v, want not_found", err)
+	}
+	if _, err := cl.fs.CreateWatcher(ctx, connect.NewRequest(&filesystem.CreateWatcherRequest{Path: "/home/user"})); err != nil {
+		t.Errorf("a watcher after one was removed: %v", err)
+	}
+}
+
+// watchPause is longer than the watches' polling interval.
+const watchPause = 600 * time.Millisecond
