@@ -20,9 +20,13 @@ import (
 )
 
 const (
-	// watchInterval is how often a watch lists the session's files: the
-	// rate is bounded, and an event comes at most this late.
+	// watchInterval is how often a watch lists the session's files at
+	// most, and so how late an event comes at least.
 	watchInterval = 500 * time.Millisecond
+	// watchDuty bounds the time a watch spends listing: after a listing
+	// that took d, the next waits at least watchDuty*d, so that a watch of
+	// many files lists them less often instead of using a core.
+	watchDuty = 10
 	// maxWatches caps a sandbox's watches at once.
 	maxWatches = 4
 	// maxWatchedFiles caps the files a watch compares: a session with more
@@ -132,7 +136,8 @@ func watchEvents(old, cur map[string]watchState) []*filesystem.FilesystemEvent {
 }
 
 // WatchDir streams the changes under a directory of the sandbox's, found by
-// listing its session's files every watchInterval and comparing: a start
+// listing its session's files every watchInterval (or watchDuty times as
+// long as the last listing took, if longer) and comparing: a start
 // event, then filesystem events with names relative to the directory, and
 // keepalives (Keepalive-Ping-Interval seconds, default 50). A change undone
 // between two listings is not seen. While the sandbox is paused the watch
@@ -154,7 +159,7 @@ func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[f
 	if s, err := strconv.Atoi(req.Header().Get("Keepalive-Ping-Interval")); err == nil && s > 0 {
 		keepalive = max(time.Duration(s)*time.Second, time.Second)
 	}
-	poll, ping := time.NewTicker(watchInterval), time.NewTicker(keepalive)
+	poll, ping := time.NewTimer(watchInterval), time.NewTicker(keepalive)
 	defer poll.Stop()
 	defer ping.Stop()
 	for {
@@ -175,10 +180,13 @@ func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[f
 			return connect.NewError(connect.CodeUnavailable, fmt.Errorf("e2b: sandbox %s is not running anymore: %w", sb.id, err))
 		}
 		if !running {
+			poll.Reset(watchInterval)
 			continue // paused: nothing changes, and the watch does not wake it
 		}
+		start := time.Now()
 		cur, infos, err := watchSnapshot(ctx, sess, dir, recursive)
 		done()
+		poll.Reset(max(watchInterval, watchDuty*time.Since(start)))
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -210,8 +218,10 @@ type watcher struct {
 
 	mu   sync.Mutex
 	snap map[string]watchState
-	// last is when it was last listed, or made.
+	// last is when it was last listed, or made; cost how long that
+	// listing took.
 	last time.Time
+	cost time.Duration
 }
 
 const watcherIdle = time.Minute
@@ -255,8 +265,9 @@ func (f *filesystemService) watcher(ctx context.Context, id string) (*watcher, e
 }
 
 // GetWatcherEvents returns the changes since the watcher's last listing.
-// It lists the session's files at most once every watchInterval (an
-// earlier call gets no events), and not while the sandbox is paused.
+// It lists the session's files at most once every watchInterval, or
+// watchDuty times as long as the last listing took (an earlier call gets
+// no events), and not while the sandbox is paused.
 func (f *filesystemService) GetWatcherEvents(ctx context.Context, req *connect.Request[filesystem.GetWatcherEventsRequest]) (*connect.Response[filesystem.GetWatcherEventsResponse], error) {
 	sb := current(ctx)
 	w, err := f.watcher(ctx, req.Msg.GetWatcherId())
@@ -266,7 +277,7 @@ func (f *filesystemService) GetWatcherEvents(ctx context.Context, req *connect.R
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	out := &filesystem.GetWatcherEventsResponse{}
-	if time.Since(w.last) < watchInterval {
+	if time.Since(w.last) < max(watchInterval, watchDuty*w.cost) {
 		return connect.NewResponse(out), nil
 	}
 	sess, done, running, err := f.s.cfg.Sessions.PeekSession(sb.owner, sb.id)
@@ -276,11 +287,13 @@ func (f *filesystemService) GetWatcherEvents(ctx context.Context, req *connect.R
 	if !running {
 		return connect.NewResponse(out), nil
 	}
+	start := time.Now()
 	cur, infos, err := watchSnapshot(ctx, sess, w.dir, w.recursive)
 	done()
 	if err != nil {
 		return nil, fsError(err)
 	}
+	w.cost = time.Since(start)
 	for _, ev := range watchEvents(w.snap, cur) {
 		if w.withEntry && ev.Type != filesystem.EventType_EVENT_TYPE_REMOVE {
 			ev.Entry = entry(infos[ev.Name])
