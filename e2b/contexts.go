@@ -20,6 +20,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"path"
 	"slices"
 	"strings"
 )
@@ -86,7 +87,8 @@ func interpreterAllowed(r *http.Request, sb *sandbox) bool {
 	if checkAccess(r, sb) {
 		return true
 	}
-	return strings.HasPrefix(r.URL.Path, "/contexts") && checkTraffic(r, sb)
+	p := r.URL.Path
+	return (p == "/contexts" || strings.HasPrefix(p, "/contexts/")) && path.Clean(p) == p && checkTraffic(r, sb)
 }
 
 // saveContexts sets sb's contexts to cs and records them; on failure sb

@@ -185,8 +185,10 @@ func TestContextsWire(t *testing.T) {
 		t.Errorf("list with the access token: %d", st)
 	}
 	// The traffic token runs no code and opens no file.
-	if st, _ := interp(t, ts, c, "POST", "/execute", `{"code":"1","context_id":"`+ctx["id"]+`"}`, traffic); st != 401 {
-		t.Errorf("/execute with the traffic token only: %d, want 401", st)
+	for _, p := range []string{"/execute", "/contexts/../execute", "/contexts/%2e%2e/execute", "/contexts/x/../../execute"} {
+		if st, _ := interp(t, ts, c, "POST", p, `{"code":"1","context_id":"`+ctx["id"]+`"}`, traffic); st != 401 {
+			t.Errorf("%s with the traffic token only: %d, want 401", p, st)
+		}
 	}
 	resp, err := sandboxClient(c.SandboxID, tok.Traffic).Get(ts.URL + "/files?path=x")
 	if err != nil {
