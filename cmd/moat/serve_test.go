@@ -431,7 +431,7 @@ func TestServeE2BEveryLevel(t *testing.T) {
 	if err := os.Symlink(mods, filepath.Join(dir, "node_modules")); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"smoke.mjs", "interp.mjs", "contexts.mjs"} {
+	for _, name := range []string{"smoke.mjs", "interp.mjs", "contexts.mjs", "watch.mjs"} {
 		src, err := os.ReadFile(filepath.Join(scripts, name))
 		if err != nil {
 			t.Fatal(err)
@@ -536,6 +536,16 @@ func TestServeE2BEveryLevel(t *testing.T) {
 				if !strings.Contains(string(cout), want) {
 					t.Errorf("no %s in:\n%s", want, cout)
 				}
+			}
+			// files.watchDir, by polling the level's files.
+			wcmd := exec.CommandContext(sctx, node, "watch.mjs")
+			wcmd.Dir, wcmd.Env = dir, cmd.Env
+			wout, err := wcmd.Output()
+			if err != nil {
+				t.Fatalf("node watch.mjs: %v\n%s", err, wout)
+			}
+			if want := `{"step":"events","want":["create new.txt","create sub","create sub/by-bash.txt","remove old.txt"],"outside":[]}`; !strings.Contains(string(wout), want) {
+				t.Errorf("no %s in:\n%s", want, wout)
 			}
 			for _, want := range []string{
 				`{"step":"run","stdout":"hi\n","stderr":"","exitCode":0}`,

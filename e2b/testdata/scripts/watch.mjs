@@ -5,7 +5,7 @@
 import { Sandbox } from 'e2b'
 
 const out = (step, v) => console.log(JSON.stringify({ step, ...v }))
-const sbx = await Sandbox.create()
+const sbx = await Sandbox.create(process.env.MOAT_TEMPLATE || 'base')
 await sbx.files.write('/home/user/w/old.txt', 'there before')
 
 const seen = []
