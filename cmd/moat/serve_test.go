@@ -655,6 +655,7 @@ func TestServeE2BShutdownCommand(t *testing.T) {
 // in for moat), so that the test can kill it with SIGKILL.
 type serveProcess struct {
 	cmd  *exec.Cmd
+	api  string // moat's API's URL
 	e2b  string // the E2B API's URL
 	log  string
 	done chan struct{}
@@ -685,10 +686,14 @@ func startServeProcess(t *testing.T, args ...string) *serveProcess {
 		<-p.done
 	})
 	re := regexp.MustCompile(`msg="serve: the E2B API is listening" url=(http://127\.0\.0\.1:\d+)`)
-	for deadline := time.Now().Add(30 * time.Second); p.e2b == ""; time.Sleep(20 * time.Millisecond) {
+	reAPI := regexp.MustCompile(`msg="serve: listening" url=(http://127\.0\.0\.1:\d+)`)
+	for deadline := time.Now().Add(5 * time.Minute); p.e2b == "" || p.api == ""; time.Sleep(20 * time.Millisecond) {
 		b, _ := os.ReadFile(logPath)
 		if m := re.FindSubmatch(b); m != nil {
 			p.e2b = string(m[1])
+		}
+		if m := reAPI.FindSubmatch(b); m != nil {
+			p.api = string(m[1])
 		}
 		select {
 		case <-p.done:
@@ -860,4 +865,108 @@ func TestServeE2BShutdownWatch(t *testing.T) {
 		t.Fatalf("serve still stopping after a third of the shutdown timeout, waiting for a watch: %s", errb.String())
 	}
 	t.Logf("stopped in %v", time.Since(start))
+}
+
+// TestServeE2BRestartKeepsMemory: at each level whose sessions suspend
+// with their memory, a graceful restart of moat serve (on_idle suspend)
+// keeps a code interpreter sandbox's variables, those of its default
+// context and of a context of its own, and its contexts.
+func TestServeE2BRestartKeepsMemory(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI must run as root: the levels need it")
+		}
+		t.Skip("the levels need root (CI runs this as root)")
+	}
+	const key = "e2b_00112233445566778899aabbccddeeff00112233"
+	tokens := writeTokens(t, "alice s3cret-token-0123456789 "+key+"\n", 0o600)
+	templates := map[string]any{}
+	for _, l := range moat.Levels {
+		templates[string(l)] = map[string]any{"level": string(l), "interpreter": true}
+	}
+	conf, _ := json.Marshal(map[string]any{"server": map[string]any{"e2b_templates": templates}})
+	confPath := filepath.Join(t.TempDir(), "moat.json")
+	os.WriteFile(confPath, conf, 0o600)
+	args := []string{"--config", confPath, "--levels", "all", "--tokens-file", tokens, "--state-dir", t.TempDir(), "--on-idle", "suspend", "--wall-time", "60s"}
+	p := startServeProcess(t, args...)
+	req, _ := http.NewRequest("GET", p.api+"/v1/levels", nil)
+	req.Header.Set("Authorization", "Bearer s3cret-token-0123456789")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lv struct {
+		Levels []struct {
+			Level         string `json:"level"`
+			SuspendMemory bool   `json:"suspend_memory"`
+		} `json:"levels"`
+	}
+	json.NewDecoder(resp.Body).Decode(&lv)
+	resp.Body.Close()
+	send := func(p *serveProcess, method, path, body string, hdr map[string]string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, p.e2b+path, strings.NewReader(body))
+		req.Header.Set("X-API-KEY", key)
+		req.Header.Set("Content-Type", "application/json")
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	type kept struct{ level, id, token, ctx string }
+	var sandboxes []kept
+	for _, l := range lv.Levels {
+		if !l.SuspendMemory {
+			continue
+		}
+		st, body := send(p, "POST", "/v2/sandboxes", `{"templateID":"`+l.Level+`","timeout":600}`, nil)
+		var sb struct{ SandboxID, EnvdAccessToken string }
+		if json.Unmarshal([]byte(body), &sb); st != 201 {
+			t.Fatalf("%s: create: %d %s", l.Level, st, body)
+		}
+		hdr := map[string]string{"E2b-Sandbox-Id": sb.SandboxID, "E2b-Sandbox-Port": "49999", "X-Access-Token": sb.EnvdAccessToken}
+		st, body = send(p, "POST", "/contexts", `{}`, hdr)
+		var ctx struct{ ID string }
+		if json.Unmarshal([]byte(body), &ctx); st != 200 {
+			t.Fatalf("%s: a context: %d %s", l.Level, st, body)
+		}
+		for _, cell := range []string{`{"code":"x = 41"}`, `{"code":"y = 'in the context'","context_id":"` + ctx.ID + `"}`} {
+			if st, body := send(p, "POST", "/execute", cell, hdr); st != 200 || strings.Contains(body, `"error"`) {
+				t.Fatalf("%s: %s: %d %s", l.Level, cell, st, body)
+			}
+		}
+		sandboxes = append(sandboxes, kept{l.Level, sb.SandboxID, sb.EnvdAccessToken, ctx.ID})
+	}
+	if len(sandboxes) == 0 {
+		t.Logf("no level here suspends with its memory: %+v", lv.Levels)
+		return
+	}
+	t.Logf("levels that keep memory: %+v", sandboxes)
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	<-p.done
+	p = startServeProcess(t, args...)
+	for _, k := range sandboxes {
+		hdr := map[string]string{"E2b-Sandbox-Id": k.id, "E2b-Sandbox-Port": "49999", "X-Access-Token": k.token}
+		if st, body := send(p, "POST", "/v2/sandboxes/"+k.id+"/connect", `{}`, nil); st != 201 {
+			t.Errorf("%s: connect after the restart: %d %s, want 201 (resumed)", k.level, st, body)
+		}
+		for cell, want := range map[string]string{
+			`{"code":"x + 1"}`: `"text": "42"`,
+			`{"code":"y","context_id":"` + k.ctx + `"}`: `"text": "'in the context'"`,
+		} {
+			st, body := send(p, "POST", "/execute", cell, hdr)
+			if st != 200 || !strings.Contains(strings.ReplaceAll(body, `":"`, `": "`), want) {
+				t.Errorf("%s: %s after the restart: %d %s, want %s", k.level, cell, st, body, want)
+			}
+		}
+		send(p, "DELETE", "/sandboxes/"+k.id, "", nil)
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	<-p.done
 }
