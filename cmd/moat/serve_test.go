@@ -957,7 +957,7 @@ func TestServeE2BRestartKeepsMemory(t *testing.T) {
 			t.Errorf("%s: connect after the restart: %d %s, want 201 (resumed)", k.level, st, body)
 		}
 		for cell, want := range map[string]string{
-			`{"code":"x + 1"}`: `"text": "42"`,
+			`{"code":"x + 1"}`:                          `"text": "42"`,
 			`{"code":"y","context_id":"` + k.ctx + `"}`: `"text": "'in the context'"`,
 		} {
 			st, body := send(p, "POST", "/execute", cell, hdr)
