@@ -4,7 +4,6 @@
 package e2b
 
 import (
-	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -107,6 +106,7 @@ func (s *Server) view(sb *sandbox, info server.SessionInfo, withAccess bool) san
 	}
 	if withAccess {
 		v.EnvdAccessToken = sb.access
+		v.TrafficAccessToken = &sb.traffic
 	}
 	if v.Metadata == nil {
 		v.Metadata = map[string]string{}
@@ -174,15 +174,27 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, owner stri
 			return err
 		}
 	}
+	rec := sandboxRecord{Kind: frontKind, Template: b.TemplateID, Metadata: b.Metadata, Envs: b.EnvVars,
+		Interpreter: tpl.Interpreter, Nonce: newNonce(), StartedAt: time.Now().UTC()}
+	front, err := json.Marshal(rec)
+	if err != nil {
+		return fmt.Errorf("e2b: %w", err)
+	}
+	if len(front) > server.MaxFrontBytes {
+		return errorf(http.StatusBadRequest, "metadata and envVars of %d bytes: at most %d", len(front), server.MaxFrontBytes)
+	}
 	info, err := s.cfg.Sessions.CreateSession(r.Context(), owner, server.SessionSpec{
 		Level: tpl.Level, Network: tpl.Network, TTL: moat.Duration(ttl), IdleTimeout: moat.Duration(ttl), Interpreter: tpl.Interpreter,
+		Front: front,
 	})
 	if err != nil {
 		return err
 	}
-	sb := &sandbox{id: info.ID, owner: owner, template: b.TemplateID, metadata: b.Metadata, envs: b.EnvVars,
-		access: newSecret("ea_"), started: info.CreatedAt, interpreter: tpl.Interpreter}
-	sb.accessSum = sha256.Sum256([]byte(sb.access))
+	sb, ok := s.newSandbox(info, rec)
+	if !ok { // the owner's key is known: it was just checked
+		s.cfg.Sessions.EndSession(owner, info.ID)
+		return fmt.Errorf("e2b: no key for %s", owner)
+	}
 	s.prune(owner)
 	s.mu.Lock()
 	s.sandboxes[sb.id] = sb

@@ -8,7 +8,9 @@
 // X-Access-Token: on port 49983 (E2b-Sandbox-Port), E2B's in-sandbox
 // daemon, envd: GET /health, GET and POST /files, and the Connect-RPC
 // services process.Process and filesystem.Filesystem; on port 49999 the
-// code interpreter's POST /execute (runCode) in the default context. Any
+// code interpreter's POST /execute (runCode) and its /contexts, each
+// context a namespace of its own in the sandbox's live interpreter (see
+// contexts.go). Any
 // other request is for the control plane (POST /v2/sandboxes and the
 // rest), checked against its X-API-KEY, an e2b_ key that the tokens file
 // gives a moat token (server.Token.E2BKey).
@@ -23,6 +25,11 @@
 // executes the command (commands.run's bash -c) in the session's
 // directory; code interpreter cells as a run whose runner evaluates the
 // cell's last expression.
+//
+// What this API keeps of a sandbox (sandboxRecord) is in its session's
+// record in the server's database, so that a sandbox lasts exactly as its
+// session does, across a restart of moat serve too; its tokens are derived
+// from the owner's key, never stored.
 //
 // What is not mapped yet, and the error an SDK shows for it, is in
 // docs/e2b.md.
@@ -106,14 +113,23 @@ type Config struct {
 // resources of its own: the sessions are the moat server's, which ends
 // them.
 type Server struct {
-	cfg     Config
-	log     *slog.Logger
-	keys    []keyHash
+	cfg  Config
+	log  *slog.Logger
+	keys []keyHash
+	// secrets are the owners' e2b keys, from which their sandboxes'
+	// tokens are derived (deriveToken).
+	secrets map[string]string
 	handler http.Handler
+	interp  http.Handler
+
+	// stopWatches is closed by EndWatches.
+	stopWatches chan struct{}
+	endOnce     sync.Once
 
 	mu sync.Mutex
-	// sandboxes are the sessions made through this API, by id; one whose
-	// session has ended is forgotten when next looked up.
+	// sandboxes are the sessions made through this API, by id, from
+	// before a restart too (load); one whose session has ended is
+	// forgotten when next looked up.
 	sandboxes map[string]*sandbox
 }
 
@@ -125,22 +141,38 @@ type keyHash struct {
 	sum   [32]byte
 }
 
-// sandbox is what this API keeps of a sandbox beside its moat session.
-// Every field but procs is fixed at creation, except where noted.
+// sandbox is what this API keeps of a sandbox beside its moat session,
+// and in the session's record (sandboxRecord). Every field but procs is
+// fixed at creation, except where noted.
 type sandbox struct {
 	id, owner, template string
 	metadata            map[string]string
 	envs                map[string]string
+	// nonce is what the sandbox's tokens are derived from, with the
+	// owner's key.
+	nonce string
 	// access is the sandbox's envd access token, which the sandbox side
-	// checks; accessSum its digest.
-	access    string
-	accessSum [32]byte
-	started   time.Time
+	// checks; accessSum its digest. traffic is its traffic access token,
+	// which the code interpreter's /contexts calls carry instead.
+	access, traffic       string
+	accessSum, trafficSum [32]byte
+	started               time.Time
 	// interpreter says the session keeps a live interpreter: commands
 	// then run as its children, never in its place.
 	interpreter bool
 	procs       procTable
 	executions  atomic.Int64
+	// watches counts the watches in progress: WatchDir streams and
+	// watchers.
+	watches atomic.Int32
+	// watchMu guards watchers, the watches that clients poll, by id.
+	watchMu  sync.Mutex
+	watchers map[string]*watcher
+
+	// ctxMu guards contexts, the code interpreter's contexts in the
+	// order they were made, and orders their writes to the record.
+	ctxMu    sync.Mutex
+	contexts []codeContext
 }
 
 // New returns a Server over cfg.Sessions.
@@ -157,7 +189,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.WriteTimeout == 0 {
 		cfg.WriteTimeout = moat.Duration(30 * time.Second)
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, sandboxes: map[string]*sandbox{}}
+	s := &Server{cfg: cfg, log: cfg.Logger, sandboxes: map[string]*sandbox{}, secrets: map[string]string{}, stopWatches: make(chan struct{})}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -178,13 +210,22 @@ func New(cfg Config) (*Server, error) {
 		}
 		seen[t.E2BKey] = true
 		s.keys = append(s.keys, keyHash{t.Name, sha256.Sum256([]byte(t.E2BKey))})
+		s.secrets[t.Name] = t.E2BKey
 	}
 	if len(s.keys) == 0 {
 		return nil, fmt.Errorf("e2b: no token has an e2b key (e2b_key in the tokens file): the API would serve no one: %w", moat.ErrInvalid)
 	}
+	s.load()
+	s.interp = s.interpreterRoutes()
 	s.handler = s.routes()
 	return s, nil
 }
+
+// EndWatches ends every files.watchDir stream in progress, and refuses new
+// ones (unavailable): a watch is no work that a shutdown should wait for.
+// Give it to http.Server.RegisterOnShutdown. It is safe to call more than
+// once.
+func (s *Server) EndWatches() { s.endOnce.Do(func() { close(s.stopWatches) }) }
 
 // Handler returns the server's HTTP handler: the sandbox side for
 // requests with an E2b-Sandbox-Id header, the control plane for the rest.
@@ -293,6 +334,13 @@ func (s *Server) forget(sb *sandbox) {
 func checkAccess(r *http.Request, sb *sandbox) bool {
 	sum := sha256.Sum256([]byte(r.Header.Get("X-Access-Token")))
 	return subtle.ConstantTimeCompare(sum[:], sb.accessSum[:]) == 1
+}
+
+// checkTraffic compares the request's E2B-Traffic-Access-Token with sb's
+// traffic token.
+func checkTraffic(r *http.Request, sb *sandbox) bool {
+	sum := sha256.Sum256([]byte(r.Header.Get("E2B-Traffic-Access-Token")))
+	return subtle.ConstantTimeCompare(sum[:], sb.trafficSum[:]) == 1
 }
 
 // trimHome is used in messages: the E2B path of a session file name.

@@ -84,15 +84,11 @@ func (s *Server) serveSandbox(w http.ResponseWriter, r *http.Request, envd http.
 	switch port := r.Header.Get("E2b-Sandbox-Port"); port {
 	case EnvdPort, "":
 	case InterpreterPort:
-		if !checkAccess(r, sb) {
-			s.writeError(w, r, errorf(http.StatusUnauthorized, "missing or wrong X-Access-Token for sandbox %s", id))
+		if !interpreterAllowed(r, sb) {
+			s.writeError(w, r, errorf(http.StatusUnauthorized, "missing or wrong X-Access-Token (or E2B-Traffic-Access-Token for /contexts) for sandbox %s", id))
 			return
 		}
-		if r.Method == http.MethodPost && r.URL.Path == "/execute" {
-			s.handleExecute(w, r, sb)
-			return
-		}
-		s.writeError(w, r, errorf(http.StatusNotImplemented, "%s %s of the code interpreter is not served by moat yet (contexts are not): see docs/e2b.md", r.Method, r.URL.Path))
+		s.interp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, sb)))
 		return
 	default:
 		s.writeError(w, r, errorf(http.StatusBadGateway, "port %s of sandbox %s is not open: moat serves envd (%s) only", port, id, EnvdPort))

@@ -284,11 +284,3 @@ func (f *filesystemService) removeByRun(ctx context.Context, sb *sandbox, name s
 	}
 	return nil
 }
-
-func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[filesystem.WatchDirRequest], stream *connect.ServerStream[filesystem.WatchDirResponse]) error {
-	return unimplemented("watching a directory is not supported by moat yet")
-}
-
-func (f *filesystemService) CreateWatcher(ctx context.Context, req *connect.Request[filesystem.CreateWatcherRequest]) (*connect.Response[filesystem.CreateWatcherResponse], error) {
-	return nil, unimplemented("watching a directory is not supported by moat yet")
-}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -40,6 +41,9 @@ func requireRoot(t testing.TB) {
 type testServer struct {
 	URL string
 	srv *server.Server
+	// stop shuts the server down gracefully, as at the end of the test;
+	// it may be called before.
+	stop func()
 }
 
 // startServer serves moat's API and the E2B API over a subprocess sandbox
@@ -82,20 +86,24 @@ func startServer(t testing.TB, lim moat.Limits, edit func(*server.Config, *e2b.C
 	hs := &http.Server{Handler: api.Handler()}
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(l) }()
-	t.Cleanup(func() {
-		hs.Close()
-		<-served
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		if err := srv.Shutdown(ctx); err != nil {
-			t.Errorf("Shutdown: %v", err)
-		}
-		sb.Close()
-		if left := sandboxtest.ChildrenLeft(5 * time.Second); len(left) > 0 {
-			t.Errorf("left running: %v", left)
-		}
-	})
-	return &testServer{URL: "http://" + l.Addr().String(), srv: srv}
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			hs.Close()
+			<-served
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			if err := srv.Shutdown(ctx); err != nil {
+				t.Errorf("Shutdown: %v", err)
+			}
+			sb.Close()
+			if left := sandboxtest.ChildrenLeft(5 * time.Second); len(left) > 0 {
+				t.Errorf("left running: %v", left)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return &testServer{URL: "http://" + l.Addr().String(), srv: srv, stop: stop}
 }
 
 // do sends a control-plane request with key and decodes a JSON answer into

@@ -39,10 +39,27 @@ const cellRunner = `def _moat_cell(c):
         kw["type"] = kind
         sys.stdout.write("\n" + mark + json.dumps(kw) + "\n")
         sys.stdout.flush()
+    # The session's directory: where the interpreter started, taken at
+    # its first cell, before any cell could change directory.
+    home = sys.__dict__.setdefault("_moat_home", os.getcwd())
     saved = dict(os.environ)
     os.environ.update(c["envs"])
+    # The contexts' namespaces; those of contexts removed or restarted
+    # since are dropped.
+    spaces = sys.__dict__.setdefault("_moat_contexts", {})
+    for k in [k for k in spaces if k not in c["live"]]:
+        del spaces[k]
     g = globals()
+    if c["ns"]:
+        import builtins
+        g = spaces.get(c["ns"])
+        if g is None:
+            g = spaces[c["ns"]] = {"__name__": "__main__", "__builtins__": builtins}
+    back = None
     try:
+        if c["cwd"] is not None:
+            back = os.getcwd()
+            os.chdir(os.path.join(home, c["cwd"]))
         tree = ast.parse(c["code"], "<cell>")
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
@@ -60,6 +77,8 @@ const cellRunner = `def _moat_cell(c):
     finally:
         os.environ.clear()
         os.environ.update(saved)
+        if back is not None:
+            os.chdir(back)
 try:
     _moat_cell(%q)
 finally:
@@ -83,8 +102,9 @@ func (s *Server) handleExecute(w http.ResponseWriter, r *http.Request, sb *sandb
 		s.writeError(w, r, err)
 		return
 	}
-	if b.ContextID != "" {
-		s.writeError(w, r, errorf(http.StatusNotImplemented, "contexts are not supported by moat yet: run code in the sandbox's default context"))
+	ns, cwd, live, err := s.cellContext(sb, b.ContextID)
+	if err != nil {
+		s.writeError(w, r, err)
 		return
 	}
 	if l := strings.ToLower(b.Language); l != "" && l != "python" {
@@ -103,7 +123,7 @@ func (s *Server) handleExecute(w http.ResponseWriter, r *http.Request, sb *sandb
 		envs[k] = v
 	}
 	mark := newSecret("\x1emoat-")
-	j, _ := json.Marshal(map[string]any{"code": b.Code, "envs": envs, "mark": mark})
+	j, _ := json.Marshal(map[string]any{"code": b.Code, "envs": envs, "mark": mark, "ns": ns, "cwd": cwd, "live": live})
 	code := fmt.Appendf(nil, cellRunner, base64.StdEncoding.EncodeToString(j))
 
 	w.Header().Set("Content-Type", "application/x-ndjson")

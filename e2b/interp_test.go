@@ -118,14 +118,103 @@ func TestExecute(t *testing.T) {
 	if errs, _ := of(objs, "error"); len(errs) != 1 || errs[0]["name"] != "SystemExit" || errs[0]["value"] != "3" {
 		t.Errorf("sys.exit(3): %v", objs)
 	}
-	// Refused: no token, contexts, another language.
+	// Refused: no token, an unknown context, another language.
 	if st, _ := execute(t, ts, created{SandboxID: c.SandboxID}, map[string]any{"code": "1"}); st != 401 {
 		t.Errorf("no access token: %d, want 401", st)
 	}
-	if st, _ := execute(t, ts, c, map[string]any{"code": "1", "context_id": "ctx"}); st != 501 {
-		t.Errorf("a context: %d, want 501", st)
+	if st, _ := execute(t, ts, c, map[string]any{"code": "1", "context_id": "ctx"}); st != 404 {
+		t.Errorf("a context that does not exist: %d, want 404", st)
 	}
 	if st, _ := execute(t, ts, c, map[string]any{"code": "1", "language": "r"}); st != 400 {
 		t.Errorf("language r: %d, want 400", st)
+	}
+}
+
+// interp sends a request to sandbox c's code interpreter port with the
+// headers hdr (tokens among them) and returns its status and body.
+func interp(t testing.TB, ts *testServer, c created, method, path, body string, hdr map[string]string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, ts.URL+path, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("E2b-Sandbox-Id", c.SandboxID)
+	req.Header.Set("E2b-Sandbox-Port", "49999")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, readAll(t, resp)
+}
+
+// TestContextsWire: /contexts takes the sandbox's traffic token (all the
+// SDK sends there) or its access token, and nothing else; the traffic
+// token opens neither /execute nor envd; a context's cwd is under
+// /home/user; a sandbox keeps at most 32 contexts.
+func TestContextsWire(t *testing.T) {
+	ts := startServer(t, moat.Limits{}, nil)
+	c := ts.create(t, keyA, map[string]any{"templateID": "code-interpreter-v1"})
+	other := ts.create(t, keyA, nil)
+	var tok struct {
+		Traffic string `json:"trafficAccessToken"`
+	}
+	ts.do(t, keyA, "GET", "/sandboxes/"+c.SandboxID, nil, &tok)
+	var otherTok struct {
+		Traffic string `json:"trafficAccessToken"`
+	}
+	ts.do(t, keyA, "GET", "/sandboxes/"+other.SandboxID, nil, &otherTok)
+	traffic := map[string]string{"E2B-Traffic-Access-Token": tok.Traffic}
+	for _, h := range []map[string]string{
+		nil,
+		{"E2B-Traffic-Access-Token": otherTok.Traffic},
+		{"E2B-Traffic-Access-Token": other.EnvdAccessToken},
+		{"X-Access-Token": tok.Traffic + "x"},
+	} {
+		if st, body := interp(t, ts, c, "POST", "/contexts", `{}`, h); st != 401 {
+			t.Errorf("create a context with %v: %d %s, want 401", h, st, body)
+		}
+	}
+	st, body := interp(t, ts, c, "POST", "/contexts", `{"cwd":"/home/user"}`, traffic)
+	var ctx map[string]string
+	json.Unmarshal([]byte(body), &ctx)
+	if st != 200 || ctx["id"] == "" || ctx["cwd"] != "/home/user" || ctx["language"] != "python" {
+		t.Fatalf("create a context with the traffic token: %d %s", st, body)
+	}
+	if st, _ := interp(t, ts, c, "GET", "/contexts", "", map[string]string{"X-Access-Token": c.EnvdAccessToken}); st != 200 {
+		t.Errorf("list with the access token: %d", st)
+	}
+	// The traffic token runs no code and opens no file.
+	for _, p := range []string{"/execute", "/contexts/../execute", "/contexts/%2e%2e/execute", "/contexts/x/../../execute"} {
+		if st, _ := interp(t, ts, c, "POST", p, `{"code":"1","context_id":"`+ctx["id"]+`"}`, traffic); st != 401 {
+			t.Errorf("%s with the traffic token only: %d, want 401", p, st)
+		}
+	}
+	resp, err := sandboxClient(c.SandboxID, tok.Traffic).Get(ts.URL + "/files?path=x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if readAll(t, resp); resp.StatusCode != 401 {
+		t.Errorf("envd with the traffic token: %d, want 401", resp.StatusCode)
+	}
+	for _, cwd := range []string{"/etc", "/home/user/../../etc", "/tmp"} {
+		if st, _ := interp(t, ts, c, "POST", "/contexts", `{"cwd":"`+cwd+`"}`, traffic); st != 400 {
+			t.Errorf("a context in %s: %d, want 400", cwd, st)
+		}
+	}
+	if st, _ := interp(t, ts, c, "POST", "/contexts/nope/restart", "", traffic); st != 404 {
+		t.Errorf("restart an unknown context: %d, want 404", st)
+	}
+	for i := 1; i < 32; i++ {
+		if st, body := interp(t, ts, c, "POST", "/contexts", `{}`, traffic); st != 200 {
+			t.Fatalf("context %d: %d %s", i+1, st, body)
+		}
+	}
+	if st, _ := interp(t, ts, c, "POST", "/contexts", `{}`, traffic); st != 409 {
+		t.Errorf("a 33rd context: %d, want 409", st)
+	}
+	// A context of one sandbox is not another's.
+	if st, _ := execute(t, ts, other, map[string]any{"code": "1", "context_id": ctx["id"]}); st != 404 {
+		t.Errorf("another sandbox's context: %d, want 404", st)
 	}
 }

@@ -158,8 +158,8 @@ func testCodeInterpreterSDK(t *testing.T, dir string) {
 // printed. The script runs from a directory of its own whose node_modules
 // is the harness's, so that one script serves every harness. Only what
 // the SDK needs is in its environment: nothing of the test's own (an
-// E2B_API_KEY of the developer's above all).
-func runNode(t *testing.T, node, sdk, script, url string) string {
+// E2B_API_KEY of the developer's above all), but env.
+func runNode(t *testing.T, node, sdk, script, url string, env ...string) string {
 	t.Helper()
 	mods, err := filepath.Abs(filepath.Join(sdk, "node_modules"))
 	if err != nil {
@@ -185,6 +185,7 @@ func runNode(t *testing.T, node, sdk, script, url string) string {
 		"E2B_API_KEY=" + keyA, "E2B_API_URL=" + url, "E2B_SANDBOX_URL=" + url,
 		"E2B_DOMAIN=moat.invalid",
 	}
+	cmd.Env = append(cmd.Env, env...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -192,4 +193,57 @@ func runNode(t *testing.T, node, sdk, script, url string) string {
 		t.Fatalf("node %s: %v\nstdout:\n%s\nstderr:\n%s", script, err, out, stderr.Bytes())
 	}
 	return string(out)
+}
+
+// TestCodeContextsSDK drives the code interpreter's contexts with
+// @e2b/code-interpreter, unchanged: a context's names are its own, its
+// files the sandbox's, its cwd its cells' working directory; list,
+// restart and remove.
+func TestCodeContextsSDK(t *testing.T) {
+	for _, v := range sdkVersions {
+		t.Run(v, func(t *testing.T) {
+			dir := filepath.Join("testdata", v)
+			node := nodeFor(t, dir)
+			ts := startServer(t, moat.Limits{}, nil)
+			out := runNode(t, node, dir, "contexts.mjs", ts.URL)
+			for _, want := range []string{
+				`{"step":"created","language":"python","cwd":"/home/user","id":true}`,
+				`{"step":"names","ctx":"'in the context'","def":"'in the default'"}`,
+				`{"step":"cwd","cwd":"/home/user/sub","read":"'in sub'","shared":"'in sub'","back":"True"}`,
+				`{"step":"listed","same":true,"n":2}`,
+				`{"step":"restarted","error":"NameError","def":"'in the default'"}`,
+				`{"step":"removed","error":"NotFoundError","n":1}`,
+				`{"step":"language","error":"SandboxError"}`,
+				`{"step":"kill","killed":true}`,
+			} {
+				if !strings.Contains(out, want+"\n") {
+					t.Errorf("no %s in:\n%s", want, out)
+				}
+			}
+		})
+	}
+}
+
+// TestWatchDirSDK drives files.watchDir with the unchanged SDK: the
+// events of files written through files and by commands, and removed, in
+// the directory watched and below it, none of elsewhere; a missing
+// directory is the SDK's FileNotFoundError.
+func TestWatchDirSDK(t *testing.T) {
+	for _, v := range sdkVersions {
+		t.Run(v, func(t *testing.T) {
+			dir := filepath.Join("testdata", v)
+			node := nodeFor(t, dir)
+			ts := startServer(t, moat.Limits{}, nil)
+			out := runNode(t, node, dir, "watch.mjs", ts.URL)
+			for _, want := range []string{
+				`{"step":"events","want":["create new.txt","create sub","create sub/by-bash.txt","remove old.txt"],"outside":[]}`,
+				`{"step":"missing","error":"FileNotFoundError"}`,
+				`{"step":"kill","killed":true}`,
+			} {
+				if !strings.Contains(out, want+"\n") {
+					t.Errorf("no %s in:\n%s", want, out)
+				}
+			}
+		})
+	}
 }

@@ -5,6 +5,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net/http"
@@ -23,7 +24,17 @@ type SessionSpec struct {
 	TTL         moat.Duration
 	IdleTimeout moat.Duration
 	Interpreter bool
+	// Front is the front end's own record of the session (what package
+	// e2b keeps of a sandbox), opaque to the server, at most MaxFrontBytes.
+	// It is kept in the session's record in the state directory's
+	// database: it lasts exactly as long as the session, through a
+	// suspend and a restart, and is removed with it (ended, expired, or
+	// removed at startup as a running session a crashed server left).
+	Front []byte
 }
+
+// MaxFrontBytes caps SessionSpec.Front and SetFront's record.
+const MaxFrontBytes = 64 << 10
 
 // SessionInfo is a session as a front end sees it.
 type SessionInfo struct {
@@ -35,13 +46,15 @@ type SessionInfo struct {
 	ExpiresAt time.Time
 	// State is "running", "suspended" or "broken".
 	State string
+	// Front is the front end's record (SessionSpec.Front, SetFront).
+	Front []byte
 }
 
 func (ss *session) info() SessionInfo {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	return SessionInfo{ID: ss.rec.ID, Owner: ss.rec.Owner, Level: ss.rec.Level, Network: ss.rec.Network,
-		CreatedAt: ss.rec.CreatedAt, ExpiresAt: ss.rec.ExpiresAt, State: ss.rec.state()}
+		CreatedAt: ss.rec.CreatedAt, ExpiresAt: ss.rec.ExpiresAt, State: ss.rec.state(), Front: bytes.Clone(ss.rec.Front)}
 }
 
 // Owner returns the name of the token tok, as a request's bearer token is
@@ -57,7 +70,10 @@ func (s *Server) MaxSessionTTL() time.Duration { return time.Duration(s.cfg.MaxS
 // CreateSession makes a session of owner's, within the token's caps and
 // network grants, as POST /v1/sessions does.
 func (s *Server) CreateSession(ctx context.Context, owner string, spec SessionSpec) (SessionInfo, error) {
-	req := createRequest{Level: spec.Level, Network: profileRef(spec.Network), Interpreter: spec.Interpreter}
+	if len(spec.Front) > MaxFrontBytes {
+		return SessionInfo{}, fmt.Errorf("front record of %d bytes is over %d: %w", len(spec.Front), MaxFrontBytes, moat.ErrInvalid)
+	}
+	req := createRequest{Level: spec.Level, Network: profileRef(spec.Network), Interpreter: spec.Interpreter, front: spec.Front}
 	if spec.TTL != 0 {
 		req.TTL = &spec.TTL
 	}
@@ -80,6 +96,53 @@ func (s *Server) find(owner, id string) (*session, error) {
 		return nil, fmt.Errorf("session %q: %w", id, errNotFound)
 	}
 	return ss, nil
+}
+
+// FrontSessions lists every session that has a front end's record
+// (SessionSpec.Front), whatever its owner and state, in no particular
+// order: what a front end reads once at its start to know the sessions it
+// made before a restart. The front end checks its own credentials.
+func (s *Server) FrontSessions() []SessionInfo {
+	s.mu.Lock()
+	var all []*session
+	for _, ss := range s.sessions {
+		if !ss.creating {
+			all = append(all, ss)
+		}
+	}
+	s.mu.Unlock()
+	var out []SessionInfo
+	for _, ss := range all {
+		if info := ss.info(); len(info.Front) > 0 {
+			out = append(out, info)
+		}
+	}
+	return out
+}
+
+// SetFront replaces the front end's record of owner's session id, in the
+// database before it returns.
+func (s *Server) SetFront(owner, id string, front []byte) error {
+	if len(front) > MaxFrontBytes {
+		return fmt.Errorf("front record of %d bytes is over %d: %w", len(front), MaxFrontBytes, moat.ErrInvalid)
+	}
+	ss, err := s.find(owner, id)
+	if err != nil {
+		return err
+	}
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.ended {
+		return fmt.Errorf("session %s: %w", id, errSessionClosed)
+	}
+	rec := ss.rec
+	rec.Front = bytes.Clone(front)
+	// Recorded under the lock, as ExtendSession's.
+	if err := s.store.put(rec); err != nil {
+		return err
+	}
+	ss.rec = rec
+	return nil
 }
 
 // Session describes owner's session id.
@@ -227,3 +290,30 @@ func (s *Server) ExtendSession(owner, id string, ttl time.Duration) (SessionInfo
 // ErrorStatus returns the HTTP status and stable code the server's own
 // routes answer err with.
 func ErrorStatus(err error) (status int, code string) { return classify(err) }
+
+// PeekSession is UseSession for a look that must not wake a session:
+// running is false, and nothing is marked, when owner's session id is
+// suspended, broken, or being suspended or resumed. A running session is
+// marked busy until done, without counting as activity (its idle timeout
+// runs on). err is for a session that is not there, or has ended.
+func (s *Server) PeekSession(owner, id string) (sess moat.Session, done func(), running bool, err error) {
+	ss, err := s.find(owner, id)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.ended {
+		return nil, nil, false, fmt.Errorf("session %s: %w", id, errSessionClosed)
+	}
+	if ss.moving || ss.rec.state() != stateRunning {
+		return nil, nil, false, nil
+	}
+	ss.busy++
+	return ss.sess, func() {
+		ss.mu.Lock()
+		ss.busy--
+		ss.signal()
+		ss.mu.Unlock()
+	}, true, nil
+}

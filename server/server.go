@@ -22,7 +22,9 @@
 // Another API in the same process (package e2b, E2B's API) uses the same
 // sessions, owners, caps and run slots through the small exported seam in
 // front.go: CreateSession, Session, Sessions, UseSession, RunSession,
-// SuspendSession, ResumeSession, ExtendSession and EndSession.
+// SuspendSession, ResumeSession, ExtendSession and EndSession; its own
+// record of a session (SessionSpec.Front, SetFront, FrontSessions) is kept
+// in the session's record, so that it lasts exactly as the session does.
 package server
 
 import (

@@ -3,6 +3,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -136,6 +137,8 @@ type createRequest struct {
 	// fork): its level, network profile and interpreter are the
 	// snapshot's, which level and network may only repeat.
 	FromSnapshot string `json:"from_snapshot,omitempty"`
+	// front is SessionSpec.Front: never from the API's body.
+	front []byte
 }
 
 func (s *Server) handleCreateSession(w http.ResponseWriter, r *http.Request, owner string) error {
@@ -241,6 +244,7 @@ func (s *Server) createSession(ctx context.Context, owner string, req createRequ
 			ID: id, Owner: owner, Level: level, Network: string(req.Network), Interpreter: req.Interpreter,
 			CreatedAt: now, ExpiresAt: now.Add(time.Duration(ttl)), IdleTimeout: idle, PID: os.Getpid(),
 			State: stateRunning, FromSnapshot: req.FromSnapshot, Suspend: forked, SuspendedAt: forkedAt,
+			Front: bytes.Clone(req.front),
 		},
 		sess:       sess,
 		lastActive: now,

@@ -187,9 +187,10 @@ func (s *Server) snapshotRunning(ctx context.Context, ss *session, sp moat.Suspe
 				s.endSession(ss, "suspend_failed")
 			} else {
 				ss.mu.Lock()
-				rec := ss.rec
+				if !ss.ended {
+					s.store.put(ss.rec) // under the lock, as suspend's
+				}
 				ss.mu.Unlock()
-				s.store.put(rec)
 			}
 		}
 	}

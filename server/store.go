@@ -46,6 +46,9 @@ type record struct {
 	Broken string `json:"broken,omitempty"`
 	// FromSnapshot is the snapshot the session was started from.
 	FromSnapshot string `json:"from_snapshot,omitempty"`
+	// Front is what a front end in the same process (package e2b) keeps
+	// of the session, opaque to the server (see SessionSpec.Front).
+	Front []byte `json:"front,omitempty"`
 }
 
 var sessionsBucket = []byte("sessions")

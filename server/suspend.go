@@ -122,12 +122,14 @@ func (s *Server) suspend(ctx context.Context, ss *session, cause string, idleFor
 	ss.sess = nil
 	ss.rec.State, ss.rec.StateDir, ss.rec.Suspend, ss.rec.SuspendedAt = stateSuspended, dir, &info, time.Now().UTC()
 	rec := ss.rec
-	ss.mu.Unlock()
+	// Recorded under the lock, so that a later change of the record
+	// (ExtendSession, SetFront) is never overwritten by this older copy.
 	if err := s.store.put(rec); err != nil {
 		// The state is in place and whole: recover takes a record that
 		// still says running, with its state there, for suspended.
 		s.log.Warn("server: recording a suspended session", "session", id, "err", err)
 	}
+	ss.mu.Unlock()
 	s.metrics.suspends.WithLabelValues(cause, "ok").Inc()
 	s.log.Info("session suspended", "session", id, "owner", rec.Owner, "level", rec.Level, "cause", cause,
 		"memory", info.Memory, "files", info.Files, "bytes", info.Bytes, "duration", time.Since(start))
@@ -238,10 +240,10 @@ func (s *Server) resumeFrom(ctx context.Context, ss *session, dir string) (notes
 	}
 	ss.lastActive = time.Now().UTC()
 	rec = ss.rec
-	ss.mu.Unlock()
-	if err := s.store.put(rec); err != nil {
+	if err := s.store.put(rec); err != nil { // under the lock, as suspend's
 		s.log.Warn("server: recording a resumed session", "session", rec.ID, "err", err)
 	}
+	ss.mu.Unlock()
 	s.metrics.resumes.WithLabelValues("ok").Inc()
 	s.log.Info("session resumed", "session", rec.ID, "owner", rec.Owner, "level", rec.Level, "memory", info.Memory, "duration", time.Since(start))
 	kept := "its files"
@@ -256,10 +258,10 @@ func (s *Server) breakSession(ss *session, err error) {
 	ss.mu.Lock()
 	ss.rec.State, ss.rec.Broken = stateBroken, err.Error()
 	rec := ss.rec
-	ss.mu.Unlock()
-	if err := s.store.put(rec); err != nil {
+	if err := s.store.put(rec); err != nil { // under the lock, as suspend's
 		s.log.Warn("server: recording a broken session", "session", rec.ID, "err", err)
 	}
+	ss.mu.Unlock()
 	s.metrics.resumes.WithLabelValues("broken").Inc()
 	s.log.Warn("server: a suspended session's state was refused: the session is broken", "session", rec.ID, "owner", rec.Owner, "level", rec.Level, "err", err)
 }

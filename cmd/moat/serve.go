@@ -207,6 +207,8 @@ func cmdServe(ctx context.Context, args []string, stdio Stdio) int {
 		if maxConns == 0 {
 			maxConns = 512
 		}
+		// Watches end at once at shutdown; commands get the wait.
+		e2bSrv.RegisterOnShutdown(api.EndWatches)
 		go func() { e2bDone <- e2bSrv.Serve(netutil.LimitListener(e2bLn, maxConns)) }()
 		log.Info("serve: the E2B API is listening", "url", "http://"+e2bLn.Addr().String())
 	}

@@ -15,6 +15,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -430,7 +431,7 @@ func TestServeE2BEveryLevel(t *testing.T) {
 	if err := os.Symlink(mods, filepath.Join(dir, "node_modules")); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"smoke.mjs", "interp.mjs"} {
+	for _, name := range []string{"smoke.mjs", "interp.mjs", "contexts.mjs", "watch.mjs"} {
 		src, err := os.ReadFile(filepath.Join(scripts, name))
 		if err != nil {
 			t.Fatal(err)
@@ -521,6 +522,30 @@ func TestServeE2BEveryLevel(t *testing.T) {
 				if !strings.Contains(string(iout), want) {
 					t.Errorf("no %s in:\n%s", want, iout)
 				}
+			}
+			// The code interpreter's contexts.
+			ccmd := exec.CommandContext(sctx, node, "contexts.mjs")
+			ccmd.Dir, ccmd.Env = dir, icmd.Env
+			cout, err := ccmd.Output()
+			if err != nil {
+				t.Fatalf("node contexts.mjs: %v\n%s", err, cout)
+			}
+			for _, want := range []string{`{"step":"names","ctx":"'in the context'","def":"'in the default'"}`,
+				`{"step":"cwd","cwd":"/home/user/sub","read":"'in sub'","shared":"'in sub'","back":"True"}`,
+				`{"step":"restarted","error":"NameError","def":"'in the default'"}`} {
+				if !strings.Contains(string(cout), want) {
+					t.Errorf("no %s in:\n%s", want, cout)
+				}
+			}
+			// files.watchDir, by polling the level's files.
+			wcmd := exec.CommandContext(sctx, node, "watch.mjs")
+			wcmd.Dir, wcmd.Env = dir, cmd.Env
+			wout, err := wcmd.Output()
+			if err != nil {
+				t.Fatalf("node watch.mjs: %v\n%s", err, wout)
+			}
+			if want := `{"step":"events","want":["create new.txt","create sub","create sub/by-bash.txt","remove old.txt"],"outside":[]}`; !strings.Contains(string(wout), want) {
+				t.Errorf("no %s in:\n%s", want, wout)
 			}
 			for _, want := range []string{
 				`{"step":"run","stdout":"hi\n","stderr":"","exitCode":0}`,
@@ -624,4 +649,324 @@ func TestServeE2BShutdownCommand(t *testing.T) {
 		t.Errorf("the session was not suspended at shutdown: %s", errb.String())
 	}
 	t.Logf("stopped in %v", time.Since(start))
+}
+
+// serveProcess is moat serve in a child process (the test binary standing
+// in for moat), so that the test can kill it with SIGKILL.
+type serveProcess struct {
+	cmd  *exec.Cmd
+	api  string // moat's API's URL
+	e2b  string // the E2B API's URL
+	log  string
+	done chan struct{}
+}
+
+func startServeProcess(t *testing.T, args ...string) *serveProcess {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(t.TempDir(), "log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(self, append([]string{"serve", "--addr", "127.0.0.1:0", "--e2b-addr", "127.0.0.1:0"}, args...)...)
+	cmd.Env = append(os.Environ(), envMain+"=1")
+	cmd.Stderr = logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &serveProcess{cmd: cmd, log: logPath, done: make(chan struct{})}
+	go func() { cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-p.done
+	})
+	re := regexp.MustCompile(`msg="serve: the E2B API is listening" url=(http://127\.0\.0\.1:\d+)`)
+	reAPI := regexp.MustCompile(`msg="serve: listening" url=(http://127\.0\.0\.1:\d+)`)
+	for deadline := time.Now().Add(5 * time.Minute); p.e2b == "" || p.api == ""; time.Sleep(20 * time.Millisecond) {
+		b, _ := os.ReadFile(logPath)
+		if m := re.FindSubmatch(b); m != nil {
+			p.e2b = string(m[1])
+		}
+		if m := reAPI.FindSubmatch(b); m != nil {
+			p.api = string(m[1])
+		}
+		select {
+		case <-p.done:
+			t.Fatalf("serve exited: %s", b)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("serve did not start: %s", b)
+		}
+	}
+	return p
+}
+
+// TestServeE2BKillRestart: after moat serve is killed with SIGKILL, the
+// next one on the same state directory keeps the sandbox that was paused
+// (connect resumes it, with its files), and not the one that was running,
+// whose session the crash lost; a graceful restart with on_idle suspend
+// keeps the running ones too.
+func TestServeE2BKillRestart(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI must run as root: the subprocess level needs it")
+		}
+		t.Skip("the subprocess level needs root (CI runs this as root)")
+	}
+	const key = "e2b_00112233445566778899aabbccddeeff00112233"
+	tokens := writeTokens(t, "alice s3cret-token-0123456789 "+key+"\n", 0o600)
+	args := []string{"--tokens-file", tokens, "--state-dir", t.TempDir(), "--on-idle", "suspend", "--level", "subprocess"}
+	call := func(p *serveProcess, method, path, body string, hdr map[string]string) (int, map[string]any) {
+		t.Helper()
+		req, _ := http.NewRequest(method, p.e2b+path, strings.NewReader(body))
+		req.Header.Set("X-API-KEY", key)
+		req.Header.Set("Content-Type", "application/json")
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var m map[string]any
+		json.NewDecoder(resp.Body).Decode(&m)
+		return resp.StatusCode, m
+	}
+	p := startServeProcess(t, args...)
+	st, paused := call(p, "POST", "/v2/sandboxes", `{"templateID":"base"}`, nil)
+	if st != 201 {
+		t.Fatalf("create: %d %v", st, paused)
+	}
+	pid, _ := paused["sandboxID"].(string)
+	files := map[string]string{"E2b-Sandbox-Id": pid, "X-Access-Token": paused["envdAccessToken"].(string), "Content-Type": "application/octet-stream"}
+	if st, m := call(p, "POST", "/files?path=/home/user/kept.txt", "kept", files); st != 200 {
+		t.Fatalf("write: %d %v", st, m)
+	}
+	if st, _ := call(p, "POST", "/sandboxes/"+pid+"/pause", "", nil); st != 204 {
+		t.Fatalf("pause: %d", st)
+	}
+	_, running := call(p, "POST", "/v2/sandboxes", `{"templateID":"base"}`, nil)
+	rid, _ := running["sandboxID"].(string)
+	p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+
+	p = startServeProcess(t, args...)
+	if st, m := call(p, "GET", "/sandboxes/"+pid, "", nil); st != 200 || m["state"] != "paused" {
+		t.Errorf("the paused sandbox after SIGKILL: %d %v", st, m)
+	}
+	if st, _ := call(p, "GET", "/sandboxes/"+rid, "", nil); st != 404 {
+		t.Errorf("the running sandbox after SIGKILL: %d, want 404 (its session was lost)", st)
+	}
+	st, m := call(p, "POST", "/v2/sandboxes/"+pid+"/connect", `{"timeout":60}`, nil)
+	if st != 201 || m["envdAccessToken"] != paused["envdAccessToken"] {
+		t.Errorf("connect: %d %v, want 201 and the same access token", st, m)
+	}
+	req, _ := http.NewRequest("GET", p.e2b+"/files?path=kept.txt", nil)
+	req.Header.Set("E2b-Sandbox-Id", pid)
+	req.Header.Set("X-Access-Token", paused["envdAccessToken"].(string))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(b) != "kept" {
+		t.Errorf("its file after the restart: %d %q", resp.StatusCode, b)
+	}
+	// A graceful restart (SIGTERM, on_idle suspend) keeps the running one.
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	<-p.done
+	if p.cmd.ProcessState.ExitCode() != 0 {
+		log, _ := os.ReadFile(p.log)
+		t.Errorf("exit %d after SIGTERM: %s", p.cmd.ProcessState.ExitCode(), log)
+	}
+	p = startServeProcess(t, args...)
+	if st, m := call(p, "GET", "/sandboxes/"+pid, "", nil); st != 200 || m["state"] != "paused" {
+		t.Errorf("the sandbox after a graceful restart: %d %v, want it paused", st, m)
+	}
+	if st, _ := call(p, "DELETE", "/sandboxes/"+pid, "", nil); st != 204 {
+		t.Errorf("kill: %d", st)
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	<-p.done
+}
+
+// TestServeE2BShutdownWatch stops moat serve (on_idle suspend) while a
+// files.watchDir stream is open: the watch ends at once, and the shutdown
+// does not wait the shutdown timeout for it as it does for a command (the
+// watch of a suspended sandbox would wait on).
+func TestServeE2BShutdownWatch(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI must run as root: the subprocess level needs it")
+		}
+		t.Skip("the subprocess level needs root (CI runs this as root)")
+	}
+	const key = "e2b_00112233445566778899aabbccddeeff00112233"
+	const wait = 30 * time.Second
+	tokens := writeTokens(t, "alice s3cret-token-0123456789 "+key+"\n", 0o600)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var errb lockedBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- cmdServe(ctx, []string{"--addr", "127.0.0.1:0", "--e2b-addr", "127.0.0.1:0", "--tokens-file", tokens, "--state-dir", t.TempDir(),
+			"--on-idle", "suspend", "--shutdown-timeout", wait.String()},
+			Stdio{In: strings.NewReader(""), Out: io.Discard, Err: &errb})
+	}()
+	var e2bURL string
+	for deadline := time.Now().Add(20 * time.Second); e2bURL == ""; time.Sleep(20 * time.Millisecond) {
+		if m := regexp.MustCompile(`msg="serve: the E2B API is listening" url=(http://127\.0\.0\.1:\d+)`).FindStringSubmatch(errb.String()); m != nil {
+			e2bURL = m[1]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("serve did not start: %s", errb.String())
+		}
+	}
+	req, _ := http.NewRequest("POST", e2bURL+"/v2/sandboxes", strings.NewReader(`{}`))
+	req.Header.Set("X-API-KEY", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sb struct{ SandboxID, EnvdAccessToken string }
+	json.NewDecoder(resp.Body).Decode(&sb)
+	resp.Body.Close()
+	msg := []byte(`{"path":"/home/user"}`)
+	req, _ = http.NewRequest("POST", e2bURL+"/filesystem.Filesystem/WatchDir", bytes.NewReader(append([]byte{0, 0, 0, 0, byte(len(msg))}, msg...)))
+	req.Header.Set("Content-Type", "application/connect+json")
+	req.Header.Set("E2b-Sandbox-Id", sb.SandboxID)
+	req.Header.Set("X-Access-Token", sb.EnvdAccessToken)
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	// The start event, then stop the server as SIGTERM does.
+	buf := make([]byte, 4096)
+	if n, err := resp.Body.Read(buf); err != nil || !bytes.Contains(buf[:n], []byte(`"start"`)) {
+		t.Fatalf("the watch's stream: %v: %q", err, buf[:n])
+	}
+	start := time.Now()
+	cancel()
+	select {
+	case code := <-done:
+		if code != exitOK {
+			t.Errorf("exit %d after shutdown: %s", code, errb.String())
+		}
+	case <-time.After(wait / 3):
+		t.Fatalf("serve still stopping after a third of the shutdown timeout, waiting for a watch: %s", errb.String())
+	}
+	t.Logf("stopped in %v", time.Since(start))
+}
+
+// TestServeE2BRestartKeepsMemory: at each level whose sessions suspend
+// with their memory, a graceful restart of moat serve (on_idle suspend)
+// keeps a code interpreter sandbox's variables, those of its default
+// context and of a context of its own, and its contexts.
+func TestServeE2BRestartKeepsMemory(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI must run as root: the levels need it")
+		}
+		t.Skip("the levels need root (CI runs this as root)")
+	}
+	const key = "e2b_00112233445566778899aabbccddeeff00112233"
+	tokens := writeTokens(t, "alice s3cret-token-0123456789 "+key+"\n", 0o600)
+	templates := map[string]any{}
+	for _, l := range moat.Levels {
+		templates[string(l)] = map[string]any{"level": string(l), "interpreter": true}
+	}
+	conf, _ := json.Marshal(map[string]any{"server": map[string]any{"e2b_templates": templates}})
+	confPath := filepath.Join(t.TempDir(), "moat.json")
+	os.WriteFile(confPath, conf, 0o600)
+	args := []string{"--config", confPath, "--levels", "all", "--tokens-file", tokens, "--state-dir", t.TempDir(), "--on-idle", "suspend", "--wall-time", "60s"}
+	p := startServeProcess(t, args...)
+	req, _ := http.NewRequest("GET", p.api+"/v1/levels", nil)
+	req.Header.Set("Authorization", "Bearer s3cret-token-0123456789")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lv struct {
+		Levels []struct {
+			Level         string `json:"level"`
+			SuspendMemory bool   `json:"suspend_memory"`
+		} `json:"levels"`
+	}
+	json.NewDecoder(resp.Body).Decode(&lv)
+	resp.Body.Close()
+	send := func(p *serveProcess, method, path, body string, hdr map[string]string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, p.e2b+path, strings.NewReader(body))
+		req.Header.Set("X-API-KEY", key)
+		req.Header.Set("Content-Type", "application/json")
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	type kept struct{ level, id, token, ctx string }
+	var sandboxes []kept
+	for _, l := range lv.Levels {
+		if !l.SuspendMemory {
+			continue
+		}
+		st, body := send(p, "POST", "/v2/sandboxes", `{"templateID":"`+l.Level+`","timeout":600}`, nil)
+		var sb struct{ SandboxID, EnvdAccessToken string }
+		if json.Unmarshal([]byte(body), &sb); st != 201 {
+			t.Fatalf("%s: create: %d %s", l.Level, st, body)
+		}
+		hdr := map[string]string{"E2b-Sandbox-Id": sb.SandboxID, "E2b-Sandbox-Port": "49999", "X-Access-Token": sb.EnvdAccessToken}
+		st, body = send(p, "POST", "/contexts", `{}`, hdr)
+		var ctx struct{ ID string }
+		if json.Unmarshal([]byte(body), &ctx); st != 200 {
+			t.Fatalf("%s: a context: %d %s", l.Level, st, body)
+		}
+		for _, cell := range []string{`{"code":"x = 41"}`, `{"code":"y = 'in the context'","context_id":"` + ctx.ID + `"}`} {
+			if st, body := send(p, "POST", "/execute", cell, hdr); st != 200 || strings.Contains(body, `"error"`) {
+				t.Fatalf("%s: %s: %d %s", l.Level, cell, st, body)
+			}
+		}
+		sandboxes = append(sandboxes, kept{l.Level, sb.SandboxID, sb.EnvdAccessToken, ctx.ID})
+	}
+	if len(sandboxes) == 0 {
+		t.Logf("no level here suspends with its memory: %+v", lv.Levels)
+		return
+	}
+	t.Logf("levels that keep memory: %+v", sandboxes)
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	<-p.done
+	p = startServeProcess(t, args...)
+	for _, k := range sandboxes {
+		hdr := map[string]string{"E2b-Sandbox-Id": k.id, "E2b-Sandbox-Port": "49999", "X-Access-Token": k.token}
+		if st, body := send(p, "POST", "/v2/sandboxes/"+k.id+"/connect", `{}`, nil); st != 201 {
+			t.Errorf("%s: connect after the restart: %d %s, want 201 (resumed)", k.level, st, body)
+		}
+		for cell, want := range map[string]string{
+			`{"code":"x + 1"}`:                          `"text": "42"`,
+			`{"code":"y","context_id":"` + k.ctx + `"}`: `"text": "'in the context'"`,
+		} {
+			st, body := send(p, "POST", "/execute", cell, hdr)
+			if st != 200 || !strings.Contains(strings.ReplaceAll(body, `":"`, `": "`), want) {
+				t.Errorf("%s: %s after the restart: %d %s, want %s", k.level, cell, st, body, want)
+			}
+		}
+		send(p, "DELETE", "/sandboxes/"+k.id, "", nil)
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	<-p.done
 }
