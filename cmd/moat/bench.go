@@ -379,8 +379,14 @@ func benchForks(ctx context.Context, fc fileConfig, lvls []moat.Level, n int, as
 		"level", "session", "memory", "fork ms", "fresh ms", "forks MiB", "fresh MiB", "state MiB", "suspended fit", "running fit")
 	for _, r := range rows {
 		kind, kept := sessionKind(r.Interpreter, r.Memory)
-		fmt.Fprintf(stdio.Out, "%-11s %-12s %-7s %9s %9s %12s %12s %10s %14d %12d\n",
-			r.Level, kind, kept, ms(r.ForkStart), ms(r.FreshStart), mib(r.ForksHost), mib(r.FreshHost), mib(r.StateDisk), r.SuspendedFit, r.RunningFit)
+		fit := func(n int64) string {
+			if n <= 0 {
+				return "-" // the growth it divides by was not positive: noise
+			}
+			return strconv.FormatInt(n, 10)
+		}
+		fmt.Fprintf(stdio.Out, "%-11s %-12s %-7s %9s %9s %12s %12s %10s %14s %12s\n",
+			r.Level, kind, kept, ms(r.ForkStart), ms(r.FreshStart), mib(r.ForksHost), mib(r.FreshHost), mib(r.StateDisk), fit(r.SuspendedFit), fit(r.RunningFit))
 	}
 	fmt.Fprintf(stdio.Out, "%d forks of one suspended session (1 MiB file) against %d fresh sessions, opened together; ms = median to first output; MiB = host MemTotal-MemAvailable growth with all open (noisy); fit = free disk / state, MemAvailable / the larger per-session growth\n", n, n)
 	return exitOK
