@@ -99,6 +99,14 @@ func TestExtractWorkRefuses(t *testing.T) {
 		"an absolute name": func(w *tarWriter) { w.file("/etc/escape", "x") },
 		"a device":         func(w *tarWriter) { w.dev("null") },
 		"a hard link":      func(w *tarWriter) { w.hardlink("l", "/etc/passwd") },
+		"a hard link to a name not made": func(w *tarWriter) {
+			w.file("f", "x")
+			w.hardlink("l", "g")
+		},
+		"a hard link to a directory": func(w *tarWriter) {
+			w.header(&tar.Header{Name: "d/", Typeflag: tar.TypeDir, Mode: 0o755})
+			w.hardlink("l", "d")
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			src := filepath.Join(t.TempDir(), "work.tar")
@@ -125,7 +133,7 @@ func TestArchiveWorkRoundTrip(t *testing.T) {
 	os.Symlink("../d/f", filepath.Join(src, "d/e/link"))
 	os.Chown(filepath.Join(src, "d/f"), sandboxUID, sandboxGID)
 	tarFile := filepath.Join(t.TempDir(), "work.tar")
-	if err := archiveWork(src, tarFile); err != nil {
+	if err := archiveWork(src, tarFile, 1<<20); err != nil {
 		t.Fatal(err)
 	}
 	dst := t.TempDir()
@@ -145,6 +153,66 @@ func TestArchiveWorkRoundTrip(t *testing.T) {
 	}
 	if l, _ := os.Readlink(filepath.Join(dst, "d/e/link")); l != "../d/f" {
 		t.Errorf("the link points to %q", l)
+	}
+}
+
+// The archive of a working directory is bounded by the directory's size,
+// whatever the code made in it: a file of many names (hard links) is
+// written once, and files that hold more than they use (sparse ones) are
+// refused before anything is written, not written out whole.
+func TestSuspendWorkBounded(t *testing.T) {
+	const size = 1 << 20
+	src := t.TempDir()
+	data := make([]byte, size)
+	for i := range data {
+		data[i] = byte(i)
+	}
+	if err := os.WriteFile(filepath.Join(src, "f"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 40 {
+		if err := os.Link(filepath.Join(src, "f"), filepath.Join(src, "l"+strconv.Itoa(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tarFile := filepath.Join(t.TempDir(), "work.tar")
+	if err := archiveWork(src, tarFile, 2*size); err != nil {
+		t.Fatalf("archiveWork of a file with 41 names: %v", err)
+	}
+	if st, err := os.Stat(tarFile); err != nil || st.Size() > 2*size {
+		t.Fatalf("the archive of a 1 MiB file with 41 names: %v, %d bytes", err, st.Size())
+	}
+	dst := t.TempDir()
+	if err := extractWork(tarFile, dst); err != nil {
+		t.Fatal(err)
+	}
+	a, err1 := os.Stat(filepath.Join(dst, "f"))
+	b, err2 := os.Stat(filepath.Join(dst, "l39"))
+	if err1 != nil || err2 != nil || !os.SameFile(a, b) || a.Sys().(*syscall.Stat_t).Nlink != 41 {
+		t.Fatalf("restored: %v %v, same file %v", err1, err2, err1 == nil && err2 == nil && os.SameFile(a, b))
+	}
+	if got, _ := os.ReadFile(filepath.Join(dst, "l7")); string(got) != string(data) {
+		t.Error("a restored name of the file does not hold its data")
+	}
+
+	sparse := t.TempDir()
+	for i := range 4 {
+		f, err := os.Create(filepath.Join(sparse, "s"+strconv.Itoa(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Truncate(size)
+		f.Close()
+	}
+	if err := checkWork(sparse, 2*size); err == nil {
+		t.Error("checkWork of 4 MiB of sparse files kept within 2 MiB")
+	}
+	out := filepath.Join(t.TempDir(), "work.tar")
+	if err := archiveWork(sparse, out, 2*size); err == nil {
+		t.Error("archiveWork of 4 MiB of sparse files kept within 2 MiB")
+	}
+	if st, err := os.Stat(out); err == nil && st.Size() > 2*size+64<<10 {
+		t.Errorf("archiveWork wrote %d bytes for a limit of %d", st.Size(), 2*size)
 	}
 }
 

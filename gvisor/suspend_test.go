@@ -382,3 +382,38 @@ func TestInterpreterClosesItsStreams(t *testing.T) {
 		t.Errorf("the next run: %q, want a fresh interpreter", out)
 	}
 }
+
+// What the code makes in its working directory cannot make a suspend
+// write more than the directory holds: a file of many names is kept once
+// (and comes back with its names), and sparse files adding up to more
+// than the directory's size are refused before the checkpoint, the
+// session running on.
+func TestSuspendWorkAmplified(t *testing.T) {
+	need(t, gvisor.Config{})
+	sb := newSandbox(t, gvisor.Config{Warm: -1, Limits: moat.Limits{FileSize: 4 * moat.MiB}})
+	defer sb.Close()
+	ss := interpSession(t, sb)
+	runOK(t, ss, "import os\nopen('f', 'wb').write(os.urandom(4 << 20))\nfor i in range(200):\n    os.link('f', 'l%d' % i)")
+	dir, _ := suspendOne(t, ss)
+	if n := dirSize(t, filepath.Join(dir, "work.tar")); n > 8<<20 {
+		t.Errorf("work.tar of a 4 MiB file with 201 names: %d bytes", n)
+	}
+	r := resumeOne(t, sb, dir)
+	if out := runOK(t, r, "import os\nprint(os.stat('l199').st_nlink, os.path.samefile('f', 'l0'))"); out != "201 True\n" {
+		t.Errorf("the file's names after the resume: %q", out)
+	}
+
+	// Sparse files, 4 MiB each (the file size limit), more than the
+	// directory's tmpfs holds in all.
+	runOK(t, r, "import os\nst = os.statvfs('.')\nfor i in range(st.f_blocks * st.f_frsize // (4 << 20) + 2):\n    os.truncate(open('s%d' % i, 'wb').name, 4 << 20)")
+	dir2 := filepath.Join(t.TempDir(), "s")
+	if _, err := r.(moat.Suspender).Suspend(context.Background(), dir2); !errors.Is(err, moat.ErrInvalid) {
+		t.Fatalf("Suspend of sparse files past the directory's size = %v, want an error wrapping ErrInvalid", err)
+	}
+	if n := dirSize(t, dir2); n > 1<<20 {
+		t.Errorf("the refused suspend wrote %d bytes", n)
+	}
+	if out := runOK(t, r, "import os\nprint(os.stat('l0').st_nlink)"); out != "201\n" {
+		t.Errorf("the session after the refused suspend: %q", out)
+	}
+}
