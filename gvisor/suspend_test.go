@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -415,5 +416,58 @@ func TestSuspendWorkAmplified(t *testing.T) {
 	}
 	if out := runOK(t, r, "import os\nprint(os.stat('l0').st_nlink)"); out != "201\n" {
 		t.Errorf("the session after the refused suspend: %q", out)
+	}
+}
+
+// Records the code writes past its run's end (on the driver's own fd of
+// records, which it shares) never block the host's reader of the init's
+// frames: the run after a flood of them ends, and once the session is
+// closed nothing of the host's end of it is left waiting.
+func TestInterpreterRecordFlood(t *testing.T) {
+	need(t, gvisor.Config{})
+	sb := newSandbox(t, gvisor.Config{Warm: -1, Limits: moat.Limits{WallTime: moat.Duration(10 * time.Second)}})
+	defer sb.Close()
+	ss := interpSession(t, sb)
+	runOK(t, ss, "x = 1")
+	// The code ends its run itself, as the driver would (its markers and
+	// record, with the nonce it finds in the driver's frame), then goes on
+	// writing records while the host has stopped reading them.
+	flood := `import os, sys
+f = sys._getframe(0)
+while 'nonce' not in f.f_locals:
+    f = f.f_back
+nonce, rec = f.f_locals['nonce'], f.f_locals['rec']
+line = b'y' * 100 + b'\n'
+def flood():
+    while True:
+        os.write(rec, line * 40)
+import threading, time
+threading.Thread(target=flood, daemon=True).start()
+time.sleep(0.2)
+os.write(1, nonce)
+os.write(2, nonce)
+os.write(rec, b'\nX' + nonce + b' 0 oe\n')
+time.sleep(1)
+`
+	if res := runIn(t, ss, flood); res.ExitCode != 0 {
+		t.Fatalf("the flood: exit %d, reason %q, stderr %q", res.ExitCode, res.Reason, res.Stderr)
+	}
+	if out := runOK(t, ss, "print(x)"); out != "1\n" {
+		t.Errorf("the run after the flood: %q", out)
+	}
+	runIn(t, ss, flood)
+	ss.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		buf := make([]byte, 1<<20)
+		stacks := string(buf[:runtime.Stack(buf, true)])
+		left := strings.Contains(stacks, "gvisor.(*initConn).read") || strings.Contains(stacks, "gvisor.readRecords")
+		if !left {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("10s after Close, the host's end of the init still runs:\n%s", stacks)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
