@@ -313,6 +313,13 @@ func (b *backend) RestoreState(ctx context.Context, dir string, opts moat.Sessio
 	if m.Live && (!m.Interpreter || m.Pid <= 1 || len(m.Prev) != nonceLen && m.Prev != "") {
 		return nil, fmt.Errorf("gvisor: resume: %s names no interpreter (pid %d): %w", savedMetaFile, m.Pid, moat.ErrInvalid)
 	}
+	if _, err := hex.DecodeString(m.Prev); err != nil {
+		return nil, fmt.Errorf("gvisor: resume: %s holds a nonce %q that is none of moat's: %w", savedMetaFile, m.Prev, moat.ErrInvalid)
+	}
+	// A negative account would give the session more than its budget.
+	if m.CPUUsedNS < 0 {
+		return nil, fmt.Errorf("gvisor: resume: %s says the session used %d ns of CPU: %w", savedMetaFile, m.CPUUsedNS, moat.ErrInvalid)
+	}
 	spec, work, err := b.stateSpec(opts.Interpreter)
 	if err != nil {
 		return nil, err

@@ -68,6 +68,10 @@ func TestRestoreRefusesOtherStates(t *testing.T) {
 		"other options":         {savedSandbox{Format: savedFormat, Key: key, Interpreter: true}, moat.SessionOptions{}},
 		"no interpreter's pid":  {savedSandbox{Format: savedFormat, Key: key, Interpreter: true, Live: true, Pid: 1}, interp},
 		"a plain one's key":     {savedSandbox{Format: savedFormat, Key: plainKey, Interpreter: true}, interp},
+		// A forged account of CPU used would lift the session's budget.
+		"a negative CPU used": {savedSandbox{Format: savedFormat, Key: key, Interpreter: true, CPUUsedNS: -1 << 62}, interp},
+		"a nonce not moat's": {savedSandbox{Format: savedFormat, Key: key, Interpreter: true, Live: true, Pid: 2,
+			Prev: "X0123456789abcdef0123456789abcd\n"}, interp},
 	} {
 		dir := t.TempDir()
 		b, _ := json.Marshal(c.m)
