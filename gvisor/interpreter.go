@@ -359,6 +359,7 @@ func (r *interpRun) Wait() (engine.Evidence, error) {
 	}
 	<-r.feed
 	r.stopCPU()
+	lost := false // a marker the record names did not come: the interpreter is killed
 	if got {
 		// The driver wrote its markers before the record; wait until they
 		// have passed through.
@@ -368,13 +369,16 @@ func (r *interpRun) Wait() (engine.Evidence, error) {
 				case <-r.sinks[i].Seen():
 				case <-time.After(streamDrain):
 					ss.b.log.Warn("gvisor: session: an interpreter's output marker did not come", "id", ss.bt.id)
+					lost = true
 					d.kill()
 				}
 			}
 		}
 	}
 	killed, why := r.state()
-	if killed || !got {
+	// Whatever killed the interpreter, the run waits for its end: the
+	// next run's start needs the init to have none (interpinit.go).
+	if killed || !got || lost {
 		d.dead.Store(true)
 		// Its PID namespace is gone once the init reported its end (after
 		// everything it wrote): then nothing of it writes the streams,
@@ -447,6 +451,8 @@ func (r *interpRun) Wait() (engine.Evidence, error) {
 			cause = "a run of it was canceled"
 		case out.CPUTime:
 			cause = "a run of it passed its CPU time"
+		case lost:
+			cause = "a run of it hid the end of its output"
 		case !killed:
 			cause = "a run of it ended it"
 		}

@@ -471,3 +471,28 @@ time.sleep(1)
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// A run that keeps its output's end marker from the host (its stdout
+// re-aimed at a pipe of its own) ends its interpreter, and the next run
+// starts a fresh one: it is never refused because the killed one had not
+// yet ended.
+func TestInterpreterHidesItsMarker(t *testing.T) {
+	need(t, gvisor.Config{})
+	sb := newSandbox(t, gvisor.Config{Warm: -1})
+	defer sb.Close()
+	ss := interpSession(t, sb)
+	for i := range 3 {
+		// Processes of its own make its end take a while.
+		res := runIn(t, ss, "import os, subprocess\nfor _ in range(20):\n    subprocess.Popen(['sleep', '100'])\nr, w = os.pipe()\nos.dup2(w, 1)\nprint('hidden')")
+		if !strings.Contains(strings.Join(res.Notes, " "), "interpreter ended") {
+			t.Errorf("%d: a run that hid its marker: notes %q, want its interpreter ended", i, res.Notes)
+		}
+		res, err := ss.Run(context.Background(), moat.Request{Code: []byte("print('after')")})
+		if err != nil {
+			t.Fatalf("%d: the run after one that hid its marker: %v", i, err)
+		}
+		if string(res.Stdout) != "after\n" || !strings.Contains(strings.Join(res.Notes, " "), "fresh interpreter") {
+			t.Errorf("%d: the run after: %q, notes %q", i, res.Stdout, res.Notes)
+		}
+	}
+}
