@@ -342,8 +342,17 @@ func (b *backend) RestoreState(ctx context.Context, dir string, opts moat.Sessio
 		bt.remove()
 		return nil, err
 	}
-	if m.Live {
-		p, err := ss.init.attach(m.Pid)
+	// The restored init says which interpreter it runs: the end of one
+	// that ended just before the checkpoint may have been in the old
+	// pipe, never read by the host that saved the state.
+	switch running := ss.init.running; {
+	case m.Live && running == 0:
+		ss.ended = "it ended before the suspend"
+	case running != m.Pid || !m.Live && running != 0:
+		bt.remove()
+		return nil, fmt.Errorf("gvisor: resume: %s names the interpreter %d (live %v), the restored sandbox runs %d: %w", savedMetaFile, m.Pid, m.Live, running, moat.ErrInvalid)
+	case m.Live:
+		p, err := ss.init.attach(running)
 		if err != nil {
 			bt.remove()
 			return nil, err

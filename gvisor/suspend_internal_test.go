@@ -258,3 +258,84 @@ func (w *tarWriter) close() {
 	w.tw.Close()
 	w.f.Close()
 }
+
+// A resume takes the interpreter's pid from the restored init, not from
+// sandbox.json alone: a state naming another pid than the init runs is
+// refused, and one whose interpreter ended just before the checkpoint
+// (its end's frames left unread in the old pipe) resumes without it, its
+// next run starting a fresh one.
+func TestRestoreAsksTheInit(t *testing.T) {
+	cfg := Config{StateDir: t.TempDir(), Warm: -1}
+	s := openLevel(t, cfg)
+	interp := moat.SessionOptions{Interpreter: true}
+	save := func(code string) (string, savedSandbox) {
+		ss, err := s.NewSession(context.Background(), interp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ss.Close()
+		if _, err := ss.Run(context.Background(), moat.Request{Code: []byte(code)}); err != nil {
+			t.Fatal(err)
+		}
+		dir := filepath.Join(t.TempDir(), "s")
+		if _, err := ss.(moat.Suspender).Suspend(context.Background(), dir); err != nil {
+			t.Fatal(err)
+		}
+		state := filepath.Join(dir, "state")
+		var m savedSandbox
+		b, err := os.ReadFile(filepath.Join(state, savedMetaFile))
+		if err == nil {
+			err = json.Unmarshal(b, &m)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return state, m
+	}
+	rewrite := func(state string, m savedSandbox) {
+		b, _ := json.Marshal(m)
+		if err := os.WriteFile(filepath.Join(state, savedMetaFile), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	live, m := save("x = 1")
+	if !m.Live || m.Pid <= 1 {
+		t.Fatalf("a live interpreter's state: %+v", m)
+	}
+	inst, err := s.b.RestoreState(context.Background(), live, interp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ss := inst.(*session); ss.interp == nil || ss.interp.proc.pid != m.Pid {
+		t.Errorf("the restored interpreter: %+v, want pid %d", ss.interp, m.Pid)
+	}
+	inst.Close()
+	forged := m
+	forged.Pid = m.Pid + 7
+	rewrite(live, forged)
+	if inst, err := s.b.RestoreState(context.Background(), live, interp); !errors.Is(err, moat.ErrInvalid) {
+		if inst != nil {
+			inst.Close()
+		}
+		t.Errorf("RestoreState of a state naming pid %d, the init running %d = %v, want an error wrapping ErrInvalid", forged.Pid, m.Pid, err)
+	}
+
+	ended, m := save("import os\nos._exit(0)")
+	if m.Live {
+		t.Fatalf("the state after the interpreter ended says it is live: %+v", m)
+	}
+	m.Live, m.Pid = true, 2
+	rewrite(ended, m)
+	inst, err = s.b.RestoreState(context.Background(), ended, interp)
+	if err != nil {
+		t.Fatalf("RestoreState of an interpreter the init no longer runs: %v", err)
+	}
+	if ss := inst.(*session); ss.interp != nil || ss.ended == "" {
+		t.Errorf("a restored session whose interpreter had ended: interpreter %+v, ended %q; want none, said", ss.interp, ss.ended)
+	}
+	inst.Close()
+	if left, _ := os.ReadDir(s.b.bundles); len(left) > 0 {
+		t.Errorf("%d bundles left", len(left))
+	}
+}
