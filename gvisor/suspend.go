@@ -592,7 +592,8 @@ func walkWork(root *os.Root, limit int64, visit func(p string, info fs.FileInfo,
 // src that archiveWork wrote, through an os.Root: no name leaves work, and
 // links are made, never followed; a hard link names a regular file made
 // earlier from the same archive. What archiveWork does not write is
-// refused with moat.ErrInvalid.
+// refused with moat.ErrInvalid. Everything made is the sandbox's uid's
+// (setAttrs).
 func extractWork(src, work string) error {
 	f, err := os.Open(src)
 	if err != nil {
@@ -659,7 +660,7 @@ func extractWork(src, work string) error {
 			if err := root.Symlink(hdr.Linkname, name); err != nil {
 				return fmt.Errorf("gvisor: resume: %w", err)
 			}
-			if err := root.Lchown(name, hdr.Uid, hdr.Gid); err != nil {
+			if err := root.Lchown(name, sandboxUID, sandboxGID); err != nil {
 				return fmt.Errorf("gvisor: resume: %w", err)
 			}
 		default:
@@ -678,9 +679,13 @@ func extractWork(src, work string) error {
 	return nil
 }
 
-// setAttrs gives name hdr's owner, mode and times.
+// setAttrs gives name the sandbox's uid and gid, mode and hdr's times.
+// Everything in a working directory is the sandbox's (the code has no
+// capability to chown, the file operations chown what they make): the
+// archive's owners are not taken, so that no archive makes a file of
+// root's, or setgid root's, in it.
 func setAttrs(root *os.Root, name string, hdr *tar.Header, mode fs.FileMode) error {
-	if err := root.Lchown(name, hdr.Uid, hdr.Gid); err != nil {
+	if err := root.Lchown(name, sandboxUID, sandboxGID); err != nil {
 		return fmt.Errorf("gvisor: resume: %w", err)
 	}
 	if err := root.Chmod(name, mode); err != nil {

@@ -135,7 +135,10 @@ func TestArchiveWorkRoundTrip(t *testing.T) {
 	os.MkdirAll(filepath.Join(src, "d/e"), 0o750)
 	os.WriteFile(filepath.Join(src, "d/f"), []byte("data"), 0o640)
 	os.Symlink("../d/f", filepath.Join(src, "d/e/link"))
-	os.Chown(filepath.Join(src, "d/f"), sandboxUID, sandboxGID)
+	for _, name := range []string{".", "d", "d/e", "d/f"} {
+		os.Chown(filepath.Join(src, name), sandboxUID, sandboxGID)
+	}
+	os.Lchown(filepath.Join(src, "d/e/link"), sandboxUID, sandboxGID)
 	tarFile := filepath.Join(t.TempDir(), "work.tar")
 	if err := archiveWork(src, tarFile, 1<<20); err != nil {
 		t.Fatal(err)
@@ -217,6 +220,33 @@ func TestSuspendWorkBounded(t *testing.T) {
 	}
 	if st, err := os.Stat(out); err == nil && st.Size() > 2*size+64<<10 {
 		t.Errorf("archiveWork wrote %d bytes for a limit of %d", st.Size(), 2*size)
+	}
+}
+
+// A damaged archive cannot make a file of another owner than the
+// sandbox's uid in the working directory (a setgid directory of root's
+// group, a file of root's).
+func TestExtractWorkOwners(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "work.tar")
+	w := newTarWriter(t, src)
+	w.header(&tar.Header{Name: "./", Typeflag: tar.TypeDir, Mode: 0o2777})
+	w.header(&tar.Header{Name: "d/", Typeflag: tar.TypeDir, Mode: 0o2777})
+	w.header(&tar.Header{Name: "d/f", Typeflag: tar.TypeReg, Mode: 0o2755, Size: 1})
+	w.tw.Write([]byte("x"))
+	w.header(&tar.Header{Name: "l", Typeflag: tar.TypeSymlink, Linkname: "d/f"})
+	w.close()
+	work := t.TempDir()
+	if err := extractWork(src, work); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{".", "d", "d/f", "l"} {
+		fi, err := os.Lstat(filepath.Join(work, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := fi.Sys().(*syscall.Stat_t); st.Uid != sandboxUID || st.Gid != sandboxGID {
+			t.Errorf("%s: owner %d:%d from an archive of root's, want the sandbox's %d:%d", name, st.Uid, st.Gid, sandboxUID, sandboxGID)
+		}
 	}
 }
 
