@@ -43,9 +43,9 @@ import (
 //	sandbox/      runsc's checkpoint image (0700; its file 0600)
 //	work.tar      an interpreter session's working directory: directories,
 //	              regular files (each once, its other names hard links)
-//	              and links, with their modes, owners and times; never more
-//	              bytes of files than the directory's size (a tree of
-//	              sparse files that would be is refused before the checkpoint)
+//	              and links, with their modes and times; never more bytes
+//	              of files than the directory's size (a tree of sparse
+//	              files past it is refused before the checkpoint)
 //	sandbox.json  savedSandbox: what made the image, and the session's
 //	              host-side state
 //
@@ -97,8 +97,9 @@ type savedSandbox struct {
 	// Interpreter says the session has a live interpreter.
 	Interpreter bool `json:"interpreter"`
 	// Live says the interpreter was alive; Pid is its PID namespace's
-	// init's pid, Prev the nonce of its last run, and Ended why the last
-	// one ended when none was alive.
+	// init's pid (a resume checks it against what the restored init says
+	// it runs), Prev the nonce of its last run, and Ended why the last one
+	// ended when none was alive.
 	Live  bool   `json:"live"`
 	Pid   int    `json:"pid,omitempty"`
 	Prev  string `json:"prev,omitempty"`
@@ -161,7 +162,9 @@ func (b *backend) stateKey(interpreter bool) (string, error) {
 // SaveState implements engine.StateSaver: the paused sandbox is
 // checkpointed into dir/sandbox, then killed, and a host working
 // directory archived into dir/work.tar; then the session is closed. A
-// session with a network is refused (moat.ErrInvalid) and keeps running.
+// session with a network, or whose working directory holds more bytes of
+// files than its size (sparse files; see archiveWork), is refused
+// (moat.ErrInvalid) and keeps running.
 // When the checkpoint fails the sandbox is killed and the error wraps
 // moat.ErrClosed.
 func (ss *session) SaveState(ctx context.Context, dir string) error {
@@ -474,12 +477,13 @@ func writeFileSync(p string, b []byte) error {
 // archiveWork writes the tree under work, a session's host working
 // directory, into a new tar file dst: directories, regular files and
 // symbolic links, with their modes, owners and times; a file of several
-// names is written once, its other names as hard links to the first. Nothing else can be
-// there (the code's FIFOs and sockets are the sentry's, never the host's);
-// anything else is an error. The files' bytes in all are at most limit,
-// the size of the directory's tmpfs: the code can make files that hold
-// more than they use (sparse files, which tar would write out whole), and
-// such a tree is refused (walkWork), never written out.
+// names is written once, its other names as hard links to the first.
+// Nothing else can be there (the code's FIFOs and sockets are the
+// sentry's, kept by the checkpoint, never the host's); anything else is an
+// error. The files' bytes in all are at most limit, the size of the
+// directory's tmpfs: the code can make files that hold more than they use
+// (sparse files, which tar would write out whole), and such a tree is
+// refused (walkWork), never written out.
 func archiveWork(work, dst string, limit int64) error {
 	root, err := os.OpenRoot(work)
 	if err != nil {
