@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/moatsandbox/moat"
 )
@@ -339,6 +340,10 @@ func TestRestoreAsksTheInit(t *testing.T) {
 	}
 	if ss := inst.(*session); ss.interp == nil || ss.interp.proc.pid != m.Pid {
 		t.Errorf("the restored interpreter: %+v, want pid %d", ss.interp, m.Pid)
+	}
+	// The session's budget counts on from what its runs used.
+	if ss := inst.(*session); m.CPUUsedNS <= 0 || ss.spent != time.Duration(m.CPUUsedNS) {
+		t.Errorf("the restored session has spent %v of CPU, its state says %d ns", ss.spent, m.CPUUsedNS)
 	}
 	inst.Close()
 	forged := m
