@@ -48,7 +48,7 @@ const (
 	frameRecord  = 'r' // its records (fd 4)
 	frameReport  = 'c' // one report line of the init's (as launcher.py's launch() writes them)
 	frameGenDone = 'z' // the interpreter has ended, and every stream of it
-	framePong    = 'P'
+	framePong    = 'P' // the pid of the interpreter the init runs, empty when none
 )
 
 // maxFrameOut bounds an init-to-host frame's payload: the whole frame is
@@ -64,8 +64,12 @@ type initConn struct {
 	in  *os.File
 
 	ready chan struct{} // closed at the init's frameReady
-	pong  chan struct{} // a frame per framePong
+	pong  chan string   // a framePong's payload
 	ended chan struct{} // closed once the init's stdout ended
+
+	// running is the pid of the interpreter the init said it runs when
+	// it answered a restore's ping (startInit), 0 for none.
+	running int
 
 	mu  sync.Mutex
 	cur *interpProc // the interpreter whose frames come now, or nil
@@ -73,7 +77,7 @@ type initConn struct {
 
 // newInitConn reads the init's frames from out, the sandbox's stdout.
 func newInitConn(ss *session, in, out *os.File) *initConn {
-	c := &initConn{ss: ss, in: in, ready: make(chan struct{}), pong: make(chan struct{}, 1), ended: make(chan struct{})}
+	c := &initConn{ss: ss, in: in, ready: make(chan struct{}), pong: make(chan string, 1), ended: make(chan struct{})}
 	go c.read(out)
 	return c
 }
@@ -143,7 +147,7 @@ func (c *initConn) dispatch(kind byte, b []byte) error {
 		return nil
 	case framePong:
 		select {
-		case c.pong <- struct{}{}:
+		case c.pong <- string(b):
 		default:
 		}
 		return nil
@@ -190,22 +194,29 @@ func (c *initConn) waitReady(ctx context.Context) error {
 	}
 }
 
-// ping asks the init for a framePong and waits for it.
-func (c *initConn) ping(ctx context.Context) error {
+// ping asks the init for a framePong and waits for it: the pid of the
+// interpreter the init runs (whose end it has not reported), 0 for none.
+func (c *initConn) ping(ctx context.Context) (int, error) {
 	select {
 	case <-c.pong:
 	default:
 	}
 	if err := c.send(framePing, nil); err != nil {
-		return err
+		return 0, err
 	}
 	select {
-	case <-c.pong:
-		return nil
+	case b := <-c.pong:
+		if b == "" {
+			return 0, nil
+		}
+		if pid, err := strconv.Atoi(b); err == nil && pid > 1 {
+			return pid, nil
+		}
+		return 0, fmt.Errorf("the sandbox's init answered %q", clip([]byte(b), 100))
 	case <-c.ended:
-		return errors.New("the sandbox's init ended")
+		return 0, errors.New("the sandbox's init ended")
 	case <-ctx.Done():
-		return ctx.Err()
+		return 0, ctx.Err()
 	}
 }
 
@@ -396,7 +407,7 @@ func (ss *session) startInit(ctx context.Context, timeout time.Duration, how str
 	if how == "start" {
 		err = ss.init.waitReady(ctx)
 	} else {
-		err = ss.init.ping(ctx)
+		ss.init.running, err = ss.init.ping(ctx)
 	}
 	if err == nil {
 		return nil

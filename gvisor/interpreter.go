@@ -79,7 +79,9 @@ var driverCaps = append(append([]string{}, launcherCaps...), "CAP_SYS_RESOURCE")
 // driver is the session's live interpreter.
 type driver struct {
 	proc    *interpProc // its streams and its launcher's reports, through the init
-	records chan string // the driver's record lines; closed at its end
+	records chan string // the record lines wanted (see want); closed at the end
+	wantMu  sync.Mutex
+	wanted  func(string) bool // the one line readRecords passes on next, or nil
 	outs    [2]*marker.Router
 	prev    []byte      // the nonce of the last run whose end was taken
 	dead    atomic.Bool // killed or ended: the next run starts a fresh one
@@ -118,17 +120,32 @@ func (ss *session) startDriver(ctx context.Context) (*driver, error) {
 // newDriver reads the streams and records of proc.
 func newDriver(proc *interpProc) *driver {
 	d := &driver{proc: proc, records: make(chan string, 16)}
-	go readRecords(proc.records, d.records)
+	d.want(func(line string) bool { return line == "H" })
+	go d.readRecords(proc.records)
 	for i, f := range []*os.File{proc.stdout, proc.stderr} {
 		d.outs[i] = marker.NewRouter(f)
 	}
 	return d
 }
 
-// readRecords passes the driver's record lines on, dropping those too
-// long to be the driver's, until the pipe ends.
-func readRecords(f *os.File, out chan<- string) {
-	defer close(out)
+// want makes the next line that is wanted the one line readRecords
+// passes on, until then; each call wants one line more.
+func (d *driver) want(wanted func(string) bool) {
+	d.wantMu.Lock()
+	d.wanted = wanted
+	d.wantMu.Unlock()
+}
+
+// readRecords passes on the driver's record lines that are wanted (the
+// driver's start, then each run's end), until the pipe ends, and drops
+// the others as they come: it never waits on a line nobody wants. The
+// code shares the driver's fd of records and can write lines at any rate,
+// past its run's end too, when nothing reads d.records; waiting then would
+// stop the init's frames (interpinit.go) once this pipe is full, and with
+// them the interpreter's end, and the host's end of it after Close.
+// Lines too long to be the driver's are dropped.
+func (d *driver) readRecords(f *os.File) {
+	defer close(d.records)
 	defer f.Close()
 	r := bufio.NewReaderSize(f, maxRecord)
 	for {
@@ -139,13 +156,35 @@ func readRecords(f *os.File, out chan<- string) {
 			}
 			continue
 		}
-		if len(line) > 0 && err == nil {
-			out <- string(bytes.TrimSuffix(line, []byte("\n")))
-		}
 		if err != nil {
 			return
 		}
+		text := string(bytes.TrimSuffix(line, []byte("\n")))
+		d.wantMu.Lock()
+		ok := d.wanted != nil && d.wanted(text)
+		if ok {
+			d.wanted = nil
+		}
+		d.wantMu.Unlock()
+		if ok {
+			d.records <- text // at most one per want: never more than its room
+		}
 	}
+}
+
+// runEnd parses the end record of the run whose record prefix is prefix:
+// ok only for a well-formed one.
+func runEnd(line, prefix string) (status int, marked string, ok bool) {
+	i := strings.Index(line, prefix)
+	if i < 0 {
+		return 0, "", false
+	}
+	st, m, _ := strings.Cut(line[i+len(prefix):], " ")
+	n, err := strconv.Atoi(st)
+	if err != nil || n < 0 || n > 255 {
+		return 0, "", false
+	}
+	return n, m, true
 }
 
 // kill ends the interpreter's PID namespace.
@@ -227,6 +266,8 @@ func (ss *session) startInterpRun(ctx context.Context, code []byte, stdout, stde
 	lim := ss.b.limits
 	r.base, _ = ss.bt.group.CPUUsage()
 	r.startEvents, r.startFacts = ss.bt.group.Events(), ss.bt.events.snapshot()
+	prefix := "X" + string(r.nonce) + " "
+	d.want(func(line string) bool { _, _, ok := runEnd(line, prefix); return ok })
 	hdr := append([]byte{'R'}, r.nonce...)
 	hdr = binary.BigEndian.AppendUint32(hdr, uint32(len(code)))
 	go func() {
@@ -288,12 +329,7 @@ func (r *interpRun) Wait() (engine.Evidence, error) {
 	var marked string
 	got := false
 	take := func(line string) {
-		i := strings.Index(line, prefix)
-		if got || i < 0 {
-			return // not this run's
-		}
-		st, m, _ := strings.Cut(line[i+len(prefix):], " ")
-		if n, err := strconv.Atoi(st); err == nil && n >= 0 && n <= 255 {
+		if n, m, ok := runEnd(line, prefix); ok && !got {
 			status, marked, got = n, m, true
 		}
 	}
@@ -323,6 +359,7 @@ func (r *interpRun) Wait() (engine.Evidence, error) {
 	}
 	<-r.feed
 	r.stopCPU()
+	lost := false // a marker the record names did not come: the interpreter is killed
 	if got {
 		// The driver wrote its markers before the record; wait until they
 		// have passed through.
@@ -332,13 +369,16 @@ func (r *interpRun) Wait() (engine.Evidence, error) {
 				case <-r.sinks[i].Seen():
 				case <-time.After(streamDrain):
 					ss.b.log.Warn("gvisor: session: an interpreter's output marker did not come", "id", ss.bt.id)
+					lost = true
 					d.kill()
 				}
 			}
 		}
 	}
 	killed, why := r.state()
-	if killed || !got {
+	// Whatever killed the interpreter, the run waits for its end: the
+	// next run's start needs the init to have none (interpinit.go).
+	if killed || !got || lost {
 		d.dead.Store(true)
 		// Its PID namespace is gone once the init reported its end (after
 		// everything it wrote): then nothing of it writes the streams,
@@ -411,6 +451,8 @@ func (r *interpRun) Wait() (engine.Evidence, error) {
 			cause = "a run of it was canceled"
 		case out.CPUTime:
 			cause = "a run of it passed its CPU time"
+		case lost:
+			cause = "a run of it hid the end of its output"
 		case !killed:
 			cause = "a run of it ended it"
 		}

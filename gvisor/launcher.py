@@ -157,7 +157,8 @@ def launch(prog, uid, gid, cwd, python, pyargs, env):
 # From the host, on stdin: frames of kind (1 byte), length (4 bytes,
 # big-endian) and payload: b'S' starts an interpreter (none may run), b'D'
 # is bytes for the interpreter's stdin (dropped when none runs), b'P' asks
-# for a b'P' back. To the host, on stdout: frames of kind (1 byte), length
+# for a b'P' back, whose payload is the pid of the interpreter this
+# process has not yet reported ended with b'z' (empty when none). To the host, on stdout: frames of kind (1 byte), length
 # (2 bytes, big-endian) and payload, at most PIPE_BUF bytes in all, so that
 # each write is atomic and a checkpoint never splits one: b'R' once this
 # process is ready, b'o', b'e' and b'r' what the interpreter wrote on its
@@ -322,7 +323,7 @@ def serve(args):
             elif kind == b'D' and gen is not None:
                 gen['pending'] += payload
             elif kind == b'P':
-                send(b'P')
+                send(b'P', b'%d' % gen['pid'] if gen is not None else b'')
 
 
 main()

@@ -487,8 +487,17 @@ func (ss *session) exec(ctx context.Context, argv []string, stdin io.Reader, std
 
 // Start starts one run; see engine.SessionInstance. It takes the launcher
 // primed after the previous run (or at the session's start), resumes the
-// sandbox, and hands the waiting python3 the code.
+// sandbox, and hands the waiting python3 the code. A session whose CPU
+// budget is used up (Config.SessionCPUTime), a resumed one included, whose
+// engine does not know it yet, starts nothing: its error wraps
+// moat.ErrSpent.
 func (ss *session) Start(ctx context.Context, code []byte, stdout, stderr io.Writer) (_ engine.Process, err error) {
+	ss.mu.Lock()
+	spent := ss.spent >= ss.budget
+	ss.mu.Unlock()
+	if spent {
+		return nil, fmt.Errorf("gvisor: session: its CPU budget of %v is used up; its files can still be read: %w", ss.budget, moat.ErrSpent)
+	}
 	if ss.interpreter {
 		return ss.startInterpRun(ctx, code, stdout, stderr)
 	}

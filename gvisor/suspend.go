@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/moatsandbox/moat"
@@ -41,7 +42,10 @@ import (
 //
 //	sandbox/      runsc's checkpoint image (0700; its file 0600)
 //	work.tar      an interpreter session's working directory: directories,
-//	              regular files and links, with their modes, owners and times
+//	              regular files (each once, its other names hard links)
+//	              and links, with their modes and times; never more bytes
+//	              of files than the directory's size (a tree of sparse
+//	              files past it is refused before the checkpoint)
 //	sandbox.json  savedSandbox: what made the image, and the session's
 //	              host-side state
 //
@@ -93,8 +97,9 @@ type savedSandbox struct {
 	// Interpreter says the session has a live interpreter.
 	Interpreter bool `json:"interpreter"`
 	// Live says the interpreter was alive; Pid is its PID namespace's
-	// init's pid, Prev the nonce of its last run, and Ended why the last
-	// one ended when none was alive.
+	// init's pid (a resume checks it against what the restored init says
+	// it runs), Prev the nonce of its last run, and Ended why the last one
+	// ended when none was alive.
 	Live  bool   `json:"live"`
 	Pid   int    `json:"pid,omitempty"`
 	Prev  string `json:"prev,omitempty"`
@@ -157,7 +162,9 @@ func (b *backend) stateKey(interpreter bool) (string, error) {
 // SaveState implements engine.StateSaver: the paused sandbox is
 // checkpointed into dir/sandbox, then killed, and a host working
 // directory archived into dir/work.tar; then the session is closed. A
-// session with a network is refused (moat.ErrInvalid) and keeps running.
+// session with a network, or whose working directory holds more bytes of
+// files than its size (sparse files; see archiveWork), is refused
+// (moat.ErrInvalid) and keeps running.
 // When the checkpoint fails the sandbox is killed and the error wraps
 // moat.ErrClosed.
 func (ss *session) SaveState(ctx context.Context, dir string) error {
@@ -193,6 +200,14 @@ func (ss *session) SaveState(ctx context.Context, dir string) error {
 		ss.mu.Unlock()
 		return fmt.Errorf("gvisor: suspend: the session's sandbox is in use (%d holds)", ss.holds)
 	}
+	_, workSize := b.sessionSpec(ss.interpreter)
+	if ss.bt.work != "" {
+		// Paused: the code cannot change the tree until it is archived.
+		if err := checkWork(ss.bt.work, int64(workSize)); err != nil {
+			ss.mu.Unlock()
+			return fmt.Errorf("gvisor: suspend: %w; the session keeps running: %w", err, moat.ErrInvalid)
+		}
+	}
 	m := savedSandbox{Format: savedFormat, Key: key, Runsc: b.info.Version, Platform: b.platform, Interpreter: ss.interpreter,
 		CPUUsedNS: int64(ss.spent), Ended: ss.ended}
 	if d := ss.interp; d != nil && !d.dead.Load() && !d.ended() {
@@ -218,7 +233,7 @@ func (ss *session) SaveState(ctx context.Context, dir string) error {
 	m.SaveMS = time.Since(start).Milliseconds()
 	err = sealImage(image)
 	if err == nil && ss.bt.work != "" {
-		err = archiveWork(ss.bt.work, filepath.Join(dir, savedWorkTar))
+		err = archiveWork(ss.bt.work, filepath.Join(dir, savedWorkTar), int64(workSize))
 	}
 	if err == nil {
 		var mb []byte
@@ -301,6 +316,13 @@ func (b *backend) RestoreState(ctx context.Context, dir string, opts moat.Sessio
 	if m.Live && (!m.Interpreter || m.Pid <= 1 || len(m.Prev) != nonceLen && m.Prev != "") {
 		return nil, fmt.Errorf("gvisor: resume: %s names no interpreter (pid %d): %w", savedMetaFile, m.Pid, moat.ErrInvalid)
 	}
+	if _, err := hex.DecodeString(m.Prev); err != nil {
+		return nil, fmt.Errorf("gvisor: resume: %s holds a nonce %q that is none of moat's: %w", savedMetaFile, m.Prev, moat.ErrInvalid)
+	}
+	// A negative account would give the session more than its budget.
+	if m.CPUUsedNS < 0 {
+		return nil, fmt.Errorf("gvisor: resume: %s says the session used %d ns of CPU: %w", savedMetaFile, m.CPUUsedNS, moat.ErrInvalid)
+	}
 	spec, work, err := b.stateSpec(opts.Interpreter)
 	if err != nil {
 		return nil, err
@@ -323,8 +345,17 @@ func (b *backend) RestoreState(ctx context.Context, dir string, opts moat.Sessio
 		bt.remove()
 		return nil, err
 	}
-	if m.Live {
-		p, err := ss.init.attach(m.Pid)
+	// The restored init says which interpreter it runs: the end of one
+	// that ended just before the checkpoint may have been in the old
+	// pipe, never read by the host that saved the state.
+	switch running := ss.init.running; {
+	case m.Live && running == 0:
+		ss.ended = "it ended before the suspend"
+	case running != m.Pid || !m.Live && running != 0:
+		bt.remove()
+		return nil, fmt.Errorf("gvisor: resume: %s names the interpreter %d (live %v), the restored sandbox runs %d: %w", savedMetaFile, m.Pid, m.Live, running, moat.ErrInvalid)
+	case m.Live:
+		p, err := ss.init.attach(running)
 		if err != nil {
 			bt.remove()
 			return nil, err
@@ -445,10 +476,15 @@ func writeFileSync(p string, b []byte) error {
 
 // archiveWork writes the tree under work, a session's host working
 // directory, into a new tar file dst: directories, regular files and
-// symbolic links, with their modes, owners and times. Nothing else can be
-// there (the code's FIFOs and sockets are the sentry's, never the host's);
-// anything else is an error.
-func archiveWork(work, dst string) error {
+// symbolic links, with their modes, owners and times; a file of several
+// names is written once, its other names as hard links to the first.
+// Nothing else can be there (the code's FIFOs and sockets are the
+// sentry's, kept by the checkpoint, never the host's); anything else is an
+// error. The files' bytes in all are at most limit, the size of the
+// directory's tmpfs: the code can make files that hold more than they use
+// (sparse files, which tar would write out whole), and such a tree is
+// refused (walkWork), never written out.
+func archiveWork(work, dst string, limit int64) error {
 	root, err := os.OpenRoot(work)
 	if err != nil {
 		return err
@@ -459,24 +495,7 @@ func archiveWork(work, dst string) error {
 		return err
 	}
 	tw := tar.NewWriter(f)
-	err = fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		info, err := root.Lstat(p)
-		if err != nil {
-			return err
-		}
-		link := ""
-		switch {
-		case info.Mode()&fs.ModeSymlink != 0:
-			if link, err = root.Readlink(p); err != nil {
-				return err
-			}
-		case info.IsDir(), info.Mode().IsRegular():
-		default:
-			return fmt.Errorf("%s in the working directory is %v, which a suspend cannot keep", p, info.Mode().Type())
-		}
+	err = walkWork(root, limit, func(p string, info fs.FileInfo, link, first string) error {
 		hdr, err := tar.FileInfoHeader(info, link)
 		if err != nil {
 			return err
@@ -485,12 +504,15 @@ func archiveWork(work, dst string) error {
 		if info.IsDir() {
 			hdr.Name += "/"
 		}
+		if first != "" {
+			hdr.Typeflag, hdr.Linkname, hdr.Size = tar.TypeLink, first, 0
+		}
 		hdr.Uname, hdr.Gname = "", ""
 		hdr.Format = tar.FormatPAX
 		if err := tw.WriteHeader(hdr); err != nil {
 			return err
 		}
-		if !info.Mode().IsRegular() {
+		if !info.Mode().IsRegular() || first != "" {
 			return nil
 		}
 		src, err := root.Open(p)
@@ -510,10 +532,72 @@ func archiveWork(work, dst string) error {
 	return errors.Join(err, f.Close())
 }
 
+// checkWork says whether archiveWork would keep the tree under work
+// within limit, without writing anything: SaveState asks before it
+// checkpoints, so that a tree it cannot keep leaves the session running.
+func checkWork(work string, limit int64) error {
+	root, err := os.OpenRoot(work)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	return walkWork(root, limit, func(string, fs.FileInfo, string, string) error { return nil })
+}
+
+// walkWork calls visit for each name under root, parents first: with
+// link, a symbolic link's target, and first, for a regular file of
+// several names, the first name of it visited, when this is not that
+// one. It fails on what archiveWork cannot keep: kinds of file other than
+// directories, regular files and links, and files whose sizes (each file
+// counted once, however many names it has) add up to more than limit.
+func walkWork(root *os.Root, limit int64, visit func(p string, info fs.FileInfo, link, first string) error) error {
+	type fileID struct{ dev, ino uint64 }
+	names := map[fileID]string{}
+	var total int64
+	return fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		info, err := root.Lstat(p)
+		if err != nil {
+			return err
+		}
+		link, first := "", ""
+		switch {
+		case info.Mode()&fs.ModeSymlink != 0:
+			if link, err = root.Readlink(p); err != nil {
+				return err
+			}
+		case info.Mode().IsRegular():
+			st, ok := info.Sys().(*syscall.Stat_t)
+			if !ok {
+				return fmt.Errorf("%s in the working directory has no inode", p)
+			}
+			id := fileID{uint64(st.Dev), uint64(st.Ino)}
+			if st.Nlink > 1 {
+				if first = names[id]; first == "" {
+					names[id] = p
+				}
+			}
+			if first == "" {
+				if total += info.Size(); total > limit {
+					return fmt.Errorf("the files of the working directory hold more than its %d bytes (sparse files), which a suspend cannot keep", limit)
+				}
+			}
+		case info.IsDir():
+		default:
+			return fmt.Errorf("%s in the working directory is %v, which a suspend cannot keep", p, info.Mode().Type())
+		}
+		return visit(p, info, link, first)
+	})
+}
+
 // extractWork fills work, a new host working directory, from the tar file
 // src that archiveWork wrote, through an os.Root: no name leaves work, and
-// links are made, never followed. What archiveWork does not write is
-// refused with moat.ErrInvalid.
+// links are made, never followed; a hard link names a regular file made
+// earlier from the same archive. What archiveWork does not write is
+// refused with moat.ErrInvalid. Everything made is the sandbox's uid's
+// (setAttrs).
 func extractWork(src, work string) error {
 	f, err := os.Open(src)
 	if err != nil {
@@ -530,6 +614,7 @@ func extractWork(src, work string) error {
 		hdr  *tar.Header
 	}
 	var dirs []dirTimes
+	files := map[string]bool{} // the regular files made so far
 	tr := tar.NewReader(f)
 	for {
 		hdr, err := tr.Next()
@@ -567,11 +652,19 @@ func extractWork(src, work string) error {
 			if err := setAttrs(root, name, hdr, mode); err != nil {
 				return err
 			}
+			files[name] = true
+		case tar.TypeLink:
+			if !files[hdr.Linkname] {
+				return fmt.Errorf("gvisor: resume: %s holds %q, a hard link to %q, which is no file made before it: %w", savedWorkTar, hdr.Name, hdr.Linkname, moat.ErrInvalid)
+			}
+			if err := root.Link(hdr.Linkname, name); err != nil {
+				return fmt.Errorf("gvisor: resume: %w", err)
+			}
 		case tar.TypeSymlink:
 			if err := root.Symlink(hdr.Linkname, name); err != nil {
 				return fmt.Errorf("gvisor: resume: %w", err)
 			}
-			if err := root.Lchown(name, hdr.Uid, hdr.Gid); err != nil {
+			if err := root.Lchown(name, sandboxUID, sandboxGID); err != nil {
 				return fmt.Errorf("gvisor: resume: %w", err)
 			}
 		default:
@@ -590,9 +683,13 @@ func extractWork(src, work string) error {
 	return nil
 }
 
-// setAttrs gives name hdr's owner, mode and times.
+// setAttrs gives name the sandbox's uid and gid, mode and hdr's times.
+// Everything in a working directory is the sandbox's (the code has no
+// capability to chown, the file operations chown what they make): the
+// archive's owners are not taken, so that no archive makes a file of
+// root's, or setgid root's, in it.
 func setAttrs(root *os.Root, name string, hdr *tar.Header, mode fs.FileMode) error {
-	if err := root.Lchown(name, hdr.Uid, hdr.Gid); err != nil {
+	if err := root.Lchown(name, sandboxUID, sandboxGID); err != nil {
 		return fmt.Errorf("gvisor: resume: %w", err)
 	}
 	if err := root.Chmod(name, mode); err != nil {
