@@ -152,8 +152,9 @@ func suspendOne(ctx context.Context, ser moat.Sessioner, opts moat.SessionOption
 		s.Close()
 		return moat.SuspendInfo{}, err
 	}
-	info, err := sus.Suspend(ctx, dir) // ends s, whatever it returns
+	info, err := sus.Suspend(ctx, dir) // ends s once it returns nil
 	if err != nil {
+		s.Close() // a failed Suspend leaves the session as it was
 		return info, fmt.Errorf("suspend: %w", err)
 	}
 	return info, nil
