@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -119,51 +120,78 @@ func TestServe(t *testing.T) {
 	}
 }
 
+// The log lines whose url= serveWith waits for.
+const (
+	apiListening = `msg="serve: listening"`
+	e2bListening = `msg="serve: the E2B API is listening"`
+)
+
+// served is a moat serve of the test's own, in the test's process.
+type served struct {
+	t       *testing.T
+	log     *lockedBuffer
+	done    chan int
+	cancel  context.CancelFunc
+	stopped bool
+}
+
+// serveWith starts moat serve with args (the caller gives its addresses),
+// waits up to startWait for the url= of each log line of waitFor, and
+// returns them in that order. The test's end stops it.
+func serveWith(t *testing.T, startWait time.Duration, waitFor []string, args ...string) (*served, []string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &served{t: t, log: &lockedBuffer{}, done: make(chan int, 1), cancel: cancel}
+	go func() {
+		s.done <- cmdServe(ctx, args, Stdio{In: strings.NewReader(""), Out: io.Discard, Err: s.log})
+	}()
+	urls := make([]string, len(waitFor))
+	for deadline := time.Now().Add(startWait); slices.Contains(urls, ""); time.Sleep(20 * time.Millisecond) {
+		for i, msg := range waitFor {
+			if m := regexp.MustCompile(regexp.QuoteMeta(msg) + ` url=(http://127\.0\.0\.1:\d+)`).FindStringSubmatch(s.log.String()); m != nil {
+				urls[i] = m[1]
+			}
+		}
+		select {
+		case code := <-s.done:
+			cancel()
+			t.Fatalf("serve exited %d: %s", code, s.log.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("serve did not start within %v: %s", startWait, s.log.String())
+		}
+	}
+	t.Cleanup(func() { s.stop(30 * time.Second) })
+	return s, urls
+}
+
+// stop ends serve as SIGTERM does through main's context and returns its
+// exit status; serve not gone within d fails the test.
+func (s *served) stop(d time.Duration) int {
+	s.t.Helper()
+	if s.stopped {
+		return exitOK
+	}
+	s.stopped = true
+	s.cancel()
+	select {
+	case code := <-s.done:
+		return code
+	case <-time.After(d):
+		s.t.Fatalf("serve still stopping after %v: %s", d, s.log.String())
+		return exitInternal
+	}
+}
+
 // startServe starts moat serve on a loopback port with args and returns
 // its URL, its log, and stop, which ends it as SIGTERM does and returns
 // its exit status.
 func startServe(t *testing.T, args ...string) (url string, errb *lockedBuffer, stop func() int) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	errb = &lockedBuffer{}
-	done := make(chan int, 1)
-	go func() {
-		done <- cmdServe(ctx, append([]string{"--addr", "127.0.0.1:0"}, args...), Stdio{In: strings.NewReader(""), Out: io.Discard, Err: errb})
-	}()
-	deadline := time.Now().Add(20 * time.Second)
-	for url == "" {
-		if m := regexp.MustCompile(`url=(http://127\.0\.0\.1:\d+)`).FindStringSubmatch(errb.String()); m != nil {
-			url = m[1]
-		}
-		select {
-		case code := <-done:
-			cancel()
-			t.Fatalf("serve exited %d: %s", code, errb.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			cancel()
-			t.Fatalf("serve did not start: %s", errb.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	stopped := false
-	stop = func() int {
-		if stopped {
-			return exitOK
-		}
-		stopped = true
-		cancel() // as SIGTERM does through main's context
-		select {
-		case code := <-done:
-			return code
-		case <-time.After(30 * time.Second):
-			t.Fatal("serve did not stop")
-			return exitInternal
-		}
-	}
-	t.Cleanup(func() { stop() })
-	return url, errb, stop
+	s, urls := serveWith(t, 20*time.Second, []string{apiListening}, append([]string{"--addr", "127.0.0.1:0"}, args...)...)
+	return urls[0], s.log, func() int { return s.stop(30 * time.Second) }
 }
 
 // TestServeProfileErrors checks that tokens and network profiles that do
@@ -257,30 +285,9 @@ func TestServeProfiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	tokens := writeTokens(t, "alice s3cret-token-0123456789 pypi\nbob s3cret-token-9876543210\n", 0o600)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var errb lockedBuffer
-	done := make(chan int, 1)
-	go func() {
-		done <- cmdServe(ctx, []string{"--config", conf, "--addr", "127.0.0.1:0", "--tokens-file", tokens, "--state-dir", t.TempDir(), "--levels", "subprocess"},
-			Stdio{In: strings.NewReader(""), Out: io.Discard, Err: &errb})
-	}()
-	var url string
-	deadline := time.Now().Add(20 * time.Second)
-	for url == "" {
-		if m := regexp.MustCompile(`url=(http://127\.0\.0\.1:\d+)`).FindStringSubmatch(errb.String()); m != nil {
-			url = m[1]
-		}
-		select {
-		case code := <-done:
-			t.Fatalf("serve exited %d: %s", code, errb.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("serve did not start: %s", errb.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	srv, urls := serveWith(t, 20*time.Second, []string{apiListening}, "--config", conf, "--addr", "127.0.0.1:0", "--tokens-file", tokens, "--state-dir", t.TempDir(), "--levels", "subprocess")
+	errb := srv.log
+	url := urls[0]
 	call := func(method, path, token, body string) (int, string) {
 		t.Helper()
 		req, _ := http.NewRequest(method, url+path, strings.NewReader(body))
@@ -319,14 +326,8 @@ func TestServeProfiles(t *testing.T) {
 			t.Errorf("the log lacks %q:\n%s", want, logs)
 		}
 	}
-	cancel()
-	select {
-	case code := <-done:
-		if code != exitOK {
-			t.Errorf("exit %d after shutdown: %s", code, errb.String())
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("serve did not stop")
+	if code := srv.stop(30 * time.Second); code != exitOK {
+		t.Errorf("exit %d after shutdown: %s", code, errb.String())
 	}
 }
 
@@ -341,33 +342,10 @@ func TestServeE2B(t *testing.T) {
 	}
 	const key = "e2b_00112233445566778899aabbccddeeff00112233"
 	tokens := writeTokens(t, "alice s3cret-token-0123456789 "+key+"\n", 0o600)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var errb lockedBuffer
-	done := make(chan int, 1)
-	go func() {
-		done <- cmdServe(ctx, []string{"--addr", "127.0.0.1:0", "--e2b-addr", "127.0.0.1:0", "--tokens-file", tokens, "--state-dir", t.TempDir()},
-			Stdio{In: strings.NewReader(""), Out: io.Discard, Err: &errb})
-	}()
-	var api, e2bURL string
-	deadline := time.Now().Add(20 * time.Second)
-	for api == "" || e2bURL == "" {
-		if m := regexp.MustCompile(`msg="serve: listening" url=(http://127\.0\.0\.1:\d+)`).FindStringSubmatch(errb.String()); m != nil {
-			api = m[1]
-		}
-		if m := regexp.MustCompile(`msg="serve: the E2B API is listening" url=(http://127\.0\.0\.1:\d+)`).FindStringSubmatch(errb.String()); m != nil {
-			e2bURL = m[1]
-		}
-		select {
-		case code := <-done:
-			t.Fatalf("serve exited %d: %s", code, errb.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("serve did not start: %s", errb.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	srv, urls := serveWith(t, 20*time.Second, []string{apiListening, e2bListening}, "--addr", "127.0.0.1:0", "--e2b-addr", "127.0.0.1:0", "--tokens-file", tokens, "--state-dir", t.TempDir())
+	errb := srv.log
+	api := urls[0]
+	e2bURL := urls[1]
 	req, _ := http.NewRequest("POST", e2bURL+"/v2/sandboxes", strings.NewReader(`{"templateID":"base"}`))
 	req.Header.Set("X-API-KEY", key)
 	resp, err := http.DefaultClient.Do(req)
@@ -390,14 +368,8 @@ func TestServeE2B(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Errorf("the sandbox on moat's API: %d, want 200 (the same token's session)", resp.StatusCode)
 	}
-	cancel()
-	select {
-	case code := <-done:
-		if code != exitOK {
-			t.Errorf("exit %d after shutdown: %s", code, errb.String())
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("serve did not stop")
+	if code := srv.stop(30 * time.Second); code != exitOK {
+		t.Errorf("exit %d after shutdown: %s", code, errb.String())
 	}
 }
 
@@ -448,34 +420,11 @@ func TestServeE2BEveryLevel(t *testing.T) {
 	conf, _ := json.Marshal(map[string]any{"server": map[string]any{"e2b_templates": templates}})
 	confPath := filepath.Join(t.TempDir(), "moat.json")
 	os.WriteFile(confPath, conf, 0o600)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var errb lockedBuffer
-	done := make(chan int, 1)
-	go func() {
-		done <- cmdServe(ctx, []string{"--config", confPath, "--levels", "all", "--addr", "127.0.0.1:0", "--e2b-addr", "127.0.0.1:0",
-			"--tokens-file", tokens, "--state-dir", t.TempDir(), "--wall-time", "60s"},
-			Stdio{In: strings.NewReader(""), Out: io.Discard, Err: &errb})
-	}()
-	var api, e2bURL string
-	deadline := time.Now().Add(5 * time.Minute)
-	for api == "" || e2bURL == "" {
-		if m := regexp.MustCompile(`msg="serve: listening" url=(http://127\.0\.0\.1:\d+)`).FindStringSubmatch(errb.String()); m != nil {
-			api = m[1]
-		}
-		if m := regexp.MustCompile(`msg="serve: the E2B API is listening" url=(http://127\.0\.0\.1:\d+)`).FindStringSubmatch(errb.String()); m != nil {
-			e2bURL = m[1]
-		}
-		select {
-		case code := <-done:
-			t.Fatalf("serve exited %d: %s", code, errb.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("serve did not start: %s", errb.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	srv, urls := serveWith(t, 5*time.Minute, []string{apiListening, e2bListening}, "--config", confPath, "--levels", "all", "--addr", "127.0.0.1:0", "--e2b-addr", "127.0.0.1:0",
+		"--tokens-file", tokens, "--state-dir", t.TempDir(), "--wall-time", "60s")
+	errb := srv.log
+	api := urls[0]
+	e2bURL := urls[1]
 	req, _ := http.NewRequest("GET", api+"/v1/levels", nil)
 	req.Header.Set("Authorization", "Bearer s3cret-token-0123456789")
 	resp, err := http.DefaultClient.Do(req)
@@ -498,7 +447,7 @@ func TestServeE2BEveryLevel(t *testing.T) {
 			continue
 		}
 		t.Run(l.Level, func(t *testing.T) {
-			sctx, scancel := context.WithTimeout(ctx, 5*time.Minute)
+			sctx, scancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer scancel()
 			cmd := exec.CommandContext(sctx, node, "smoke.mjs")
 			cmd.Dir = dir
@@ -564,14 +513,8 @@ func TestServeE2BEveryLevel(t *testing.T) {
 			}
 		})
 	}
-	cancel()
-	select {
-	case code := <-done:
-		if code != exitOK {
-			t.Errorf("exit %d after shutdown: %s", code, errb.String())
-		}
-	case <-time.After(time.Minute):
-		t.Fatal("serve did not stop")
+	if code := srv.stop(time.Minute); code != exitOK {
+		t.Errorf("exit %d after shutdown: %s", code, errb.String())
 	}
 }
 
@@ -588,24 +531,10 @@ func TestServeE2BShutdownCommand(t *testing.T) {
 	const key = "e2b_00112233445566778899aabbccddeeff00112233"
 	const sleep = 50 * time.Second
 	tokens := writeTokens(t, "alice s3cret-token-0123456789 "+key+"\n", 0o600)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var errb lockedBuffer
-	done := make(chan int, 1)
-	go func() {
-		done <- cmdServe(ctx, []string{"--addr", "127.0.0.1:0", "--e2b-addr", "127.0.0.1:0", "--tokens-file", tokens, "--state-dir", t.TempDir(),
-			"--on-idle", "suspend", "--shutdown-timeout", "1s", "--wall-time", "60s"},
-			Stdio{In: strings.NewReader(""), Out: io.Discard, Err: &errb})
-	}()
-	var e2bURL string
-	for deadline := time.Now().Add(20 * time.Second); e2bURL == ""; time.Sleep(20 * time.Millisecond) {
-		if m := regexp.MustCompile(`msg="serve: the E2B API is listening" url=(http://127\.0\.0\.1:\d+)`).FindStringSubmatch(errb.String()); m != nil {
-			e2bURL = m[1]
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("serve did not start: %s", errb.String())
-		}
-	}
+	srv, urls := serveWith(t, 20*time.Second, []string{e2bListening}, "--addr", "127.0.0.1:0", "--e2b-addr", "127.0.0.1:0", "--tokens-file", tokens, "--state-dir", t.TempDir(),
+		"--on-idle", "suspend", "--shutdown-timeout", "1s", "--wall-time", "60s")
+	errb := srv.log
+	e2bURL := urls[0]
 	req, _ := http.NewRequest("POST", e2bURL+"/v2/sandboxes", strings.NewReader(`{}`))
 	req.Header.Set("X-API-KEY", key)
 	resp, err := http.DefaultClient.Do(req)
@@ -636,14 +565,8 @@ func TestServeE2BShutdownCommand(t *testing.T) {
 		}
 	}
 	start := time.Now()
-	cancel()
-	select {
-	case code := <-done:
-		if code != exitOK {
-			t.Errorf("exit %d after shutdown: %s", code, errb.String())
-		}
-	case <-time.After(sleep / 2):
-		t.Fatalf("serve still stopping after half the command's length: %s", errb.String())
+	if code := srv.stop(sleep / 2); code != exitOK {
+		t.Errorf("exit %d after shutdown: %s", code, errb.String())
 	}
 	if !strings.Contains(errb.String(), `msg="session suspended"`) {
 		t.Errorf("the session was not suspended at shutdown: %s", errb.String())
@@ -812,24 +735,10 @@ func TestServeE2BShutdownWatch(t *testing.T) {
 	const key = "e2b_00112233445566778899aabbccddeeff00112233"
 	const wait = 30 * time.Second
 	tokens := writeTokens(t, "alice s3cret-token-0123456789 "+key+"\n", 0o600)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var errb lockedBuffer
-	done := make(chan int, 1)
-	go func() {
-		done <- cmdServe(ctx, []string{"--addr", "127.0.0.1:0", "--e2b-addr", "127.0.0.1:0", "--tokens-file", tokens, "--state-dir", t.TempDir(),
-			"--on-idle", "suspend", "--shutdown-timeout", wait.String()},
-			Stdio{In: strings.NewReader(""), Out: io.Discard, Err: &errb})
-	}()
-	var e2bURL string
-	for deadline := time.Now().Add(20 * time.Second); e2bURL == ""; time.Sleep(20 * time.Millisecond) {
-		if m := regexp.MustCompile(`msg="serve: the E2B API is listening" url=(http://127\.0\.0\.1:\d+)`).FindStringSubmatch(errb.String()); m != nil {
-			e2bURL = m[1]
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("serve did not start: %s", errb.String())
-		}
-	}
+	srv, urls := serveWith(t, 20*time.Second, []string{e2bListening}, "--addr", "127.0.0.1:0", "--e2b-addr", "127.0.0.1:0", "--tokens-file", tokens, "--state-dir", t.TempDir(),
+		"--on-idle", "suspend", "--shutdown-timeout", wait.String())
+	errb := srv.log
+	e2bURL := urls[0]
 	req, _ := http.NewRequest("POST", e2bURL+"/v2/sandboxes", strings.NewReader(`{}`))
 	req.Header.Set("X-API-KEY", key)
 	resp, err := http.DefaultClient.Do(req)
@@ -855,14 +764,8 @@ func TestServeE2BShutdownWatch(t *testing.T) {
 		t.Fatalf("the watch's stream: %v: %q", err, buf[:n])
 	}
 	start := time.Now()
-	cancel()
-	select {
-	case code := <-done:
-		if code != exitOK {
-			t.Errorf("exit %d after shutdown: %s", code, errb.String())
-		}
-	case <-time.After(wait / 3):
-		t.Fatalf("serve still stopping after a third of the shutdown timeout, waiting for a watch: %s", errb.String())
+	if code := srv.stop(wait / 3); code != exitOK {
+		t.Errorf("exit %d after shutdown: %s", code, errb.String())
 	}
 	t.Logf("stopped in %v", time.Since(start))
 }
