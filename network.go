@@ -134,6 +134,14 @@ func (e Egress) Validate() error {
 	return nil
 }
 
+// AllowsAll reports whether the policy lets the code reach every host and
+// port that pattern (as in Allow) matches. A pattern that does not parse
+// is allowed by no policy.
+func (n *Network) AllowsAll(pattern string) bool {
+	p, err := ParseHostPattern(pattern)
+	return err == nil && n != nil && n.allowsPattern(p)
+}
+
 // allowsPattern reports whether every host and port p matches is allowed.
 func (n *Network) allowsPattern(p HostPattern) bool {
 	for _, a := range n.Allow {

@@ -4,6 +4,7 @@
 package e2b
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -68,8 +69,10 @@ type createBody struct {
 	AllowInternetAccess *bool             `json:"allow_internet_access"`
 	Secure              *bool             `json:"secure"`
 	AutoPause           *bool             `json:"autoPause"`
+	// Network is E2B's egress rules, mapped onto the template's network
+	// profile by checkNetwork.
+	Network json.RawMessage `json:"network"`
 	// Not mapped: refused when present and not null.
-	Network      json.RawMessage `json:"network"`
 	MCP          json.RawMessage `json:"mcp"`
 	IAM          json.RawMessage `json:"iam"`
 	VolumeMounts json.RawMessage `json:"volumeMounts"`
@@ -125,6 +128,88 @@ func decodeBody(r *http.Request, v any) error {
 	return nil
 }
 
+// networkBody is E2B's network settings of a create (the SDK's
+// `network`). Fields moat does not map are refused when set; an unknown
+// field is refused too.
+type networkBody struct {
+	AllowOut           []string `json:"allowOut"`
+	DenyOut            []string `json:"denyOut"`
+	AllowPublicTraffic *bool    `json:"allowPublicTraffic"`
+
+	Rules           json.RawMessage `json:"rules"`
+	EgressProxy     json.RawMessage `json:"egressProxy"`
+	MaskRequestHost json.RawMessage `json:"maskRequestHost"`
+	HTTPSPorts      json.RawMessage `json:"httpsPorts"`
+}
+
+// allTraffic are the addresses E2B's ALL_TRAFFIC (and its IPv6 twin) name
+// in denyOut: nothing but allowOut is reached.
+var allTraffic = map[string]bool{"0.0.0.0/0": true, "::/0": true}
+
+// checkNetwork maps what a create asks of the network onto the template's
+// network profile, which is all a sandbox ever gets: the request chooses
+// no policy. It may ask for less than the profile allows only where moat
+// can give that, and never gets more than it asked:
+//
+//   - A template without network satisfies any request: the code reaches
+//     nothing, less than any rule allows.
+//   - allowInternetAccess false, or denyOut with ALL_TRAFFIC, asks that
+//     nothing but allowOut be reached: every host of the profile must be
+//     one that allowOut allows (a host name, "*.domain", with a port or
+//     not), else 400, naming the host.
+//   - denyOut of other addresses, with the rest allowed, cannot be kept by
+//     a proxy that reaches hosts by name: 400 where the template has
+//     network.
+//   - allowPublicTraffic (inbound traffic without the token) is moot:
+//     moat serves no sandbox port but envd's and the interpreter's, and
+//     both always want the token.
+func (s *Server) checkNetwork(b createBody, tpl Template) error {
+	denyAll := b.AllowInternetAccess != nil && !*b.AllowInternetAccess
+	var nb networkBody
+	if present(b.Network) {
+		dec := json.NewDecoder(bytes.NewReader(b.Network))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&nb); err != nil {
+			return errorf(http.StatusBadRequest, "network: %v", err)
+		}
+		for name, m := range map[string]json.RawMessage{"rules": nb.Rules, "egressProxy": nb.EgressProxy, "maskRequestHost": nb.MaskRequestHost, "httpsPorts": nb.HTTPSPorts} {
+			if present(m) {
+				return errorf(http.StatusBadRequest, "network.%s is not supported by moat: the network is the operator's profile's (template %q)", name, b.TemplateID)
+			}
+		}
+	}
+	var deny []string
+	for _, d := range nb.DenyOut {
+		if allTraffic[d] {
+			denyAll = true
+		} else {
+			deny = append(deny, d)
+		}
+	}
+	if tpl.Network == "" {
+		return nil
+	}
+	if !denyAll {
+		if len(deny) > 0 {
+			return errorf(http.StatusBadRequest, "network.denyOut %v: template %q reaches hosts by name through moat's proxy (network profile %q), which cannot deny addresses and allow the rest: deny ALL_TRAFFIC and allow the hosts you want", deny, b.TemplateID, tpl.Network)
+		}
+		return nil
+	}
+	pol, ok := s.cfg.Sessions.ProfilePolicy(tpl.Network)
+	if !ok {
+		return errorf(http.StatusBadRequest, "network: template %q's network profile %q has no policy to compare with allowOut: use a template without network", b.TemplateID, tpl.Network)
+	}
+	asked := &moat.Network{Allow: nb.AllowOut}
+	if pol.Network != nil {
+		for _, h := range pol.Network.Allow {
+			if !asked.AllowsAll(h) {
+				return errorf(http.StatusBadRequest, "network: template %q's network profile %q reaches %s, which allowOut %v does not allow: moat gives a template's network whole: allow that host too, or use a template with less network", b.TemplateID, tpl.Network, h, nb.AllowOut)
+			}
+		}
+	}
+	return nil
+}
+
 func present(m json.RawMessage) bool { return len(m) > 0 && string(m) != "null" }
 
 func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, owner string) error {
@@ -146,9 +231,9 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, owner stri
 		})
 		return errorf(http.StatusBadRequest, "template %q is not one this moat serves (%s)", b.TemplateID, strings.Join(names, ", "))
 	}
-	for name, m := range map[string]json.RawMessage{"network": b.Network, "mcp": b.MCP, "iam": b.IAM, "volumeMounts": b.VolumeMounts, "autoResume": b.AutoResume} {
+	for name, m := range map[string]json.RawMessage{"mcp": b.MCP, "iam": b.IAM, "volumeMounts": b.VolumeMounts, "autoResume": b.AutoResume} {
 		if present(m) {
-			return errorf(http.StatusBadRequest, "%s is not supported by moat: the network is the operator's template's (template %q)", name, b.TemplateID)
+			return errorf(http.StatusBadRequest, "%s is not supported by moat (template %q)", name, b.TemplateID)
 		}
 	}
 	if err := checkKV("metadata", b.Metadata, maxMetadataBytes); err != nil {
@@ -160,12 +245,8 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, owner stri
 	if b.AutoPause != nil && *b.AutoPause {
 		return errorf(http.StatusBadRequest, "onTimeout pause is not supported by moat: a sandbox ends at its timeout; pause it before")
 	}
-	// The network is the template's. Asking for none where the template
-	// has some is a protection moat cannot give: refused. Asking for the
-	// internet (older SDKs always do) where the template has none gets
-	// none: more isolation than asked, never less.
-	if b.AllowInternetAccess != nil && !*b.AllowInternetAccess && tpl.Network != "" {
-		return errorf(http.StatusBadRequest, "allowInternetAccess false: template %q has network profile %q, which the operator chose: use a template without network", b.TemplateID, tpl.Network)
+	if err := s.checkNetwork(b, tpl); err != nil {
+		return err
 	}
 	ttl := defaultTimeout
 	if b.Timeout != nil {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -74,7 +75,8 @@ func TestCreateRefusals(t *testing.T) {
 		body map[string]any
 	}{
 		{"unknown template", map[string]any{"templateID": "no-such-template"}},
-		{"a network policy of its own", map[string]any{"templateID": "base", "network": map[string]any{"allowOut": []string{"0.0.0.0/0"}}}},
+		{"network rules (E2B's own header transforms)", map[string]any{"templateID": "base", "network": map[string]any{"rules": map[string]any{"api.example.com": []any{map[string]any{}}}}}},
+		{"a network field moat does not know", map[string]any{"templateID": "base", "network": map[string]any{"allowOutt": []string{"x.org"}}}},
 		{"pause on timeout", map[string]any{"templateID": "base", "autoPause": true}},
 		{"timeout over the maximum", map[string]any{"templateID": "base", "timeout": 9 * 3600}},
 		{"negative timeout", map[string]any{"templateID": "base", "timeout": -1}},
@@ -130,6 +132,60 @@ func TestTemplateNetworkGrant(t *testing.T) {
 	}
 	if n := len(ts2.srv.Sessions("a")); n != 1 {
 		t.Errorf("a has %d sessions, want the one created", n)
+	}
+}
+
+// E2B's network rules map onto the template's network profile: a request
+// may ask for less than the profile allows where the template has no
+// network, or where its allowOut covers every host of the profile; one
+// that moat would give more than it asked is refused, naming why.
+func TestCreateNetwork(t *testing.T) {
+	ts := startServer(t, moat.Limits{}, func(sc *server.Config, c *e2b.Config) {
+		sb := sc.Sandboxes[moat.LevelSubprocess]
+		sc.Profiles = map[string]map[moat.Level]moat.Sandbox{"pypi": {moat.LevelSubprocess: sb}, "bare": {moat.LevelSubprocess: sb}}
+		sc.ProfilePolicies = map[string]moat.Egress{"pypi": {Network: &moat.Network{Allow: []string{"pypi.org", "files.pythonhosted.org"}}}}
+		sc.Tokens[0].NetworkProfiles = []string{"pypi", "bare"}
+		c.Templates = map[string]e2b.Template{"net": {Network: "pypi"}, "bare": {Network: "bare"}, "base": {}}
+	})
+	all := []string{"0.0.0.0/0"}
+	for _, tc := range []struct {
+		name    string
+		body    map[string]any
+		status  int
+		profile string
+		says    string
+	}{
+		{"only the profile's hosts", map[string]any{"templateID": "net", "network": map[string]any{"denyOut": all, "allowOut": []string{"pypi.org", "files.pythonhosted.org"}}}, 201, "pypi", ""},
+		{"a wildcard and a host cover them", map[string]any{"templateID": "net", "network": map[string]any{"denyOut": all, "allowOut": []string{"pypi.org", "*.pythonhosted.org", "10.0.0.1"}}}, 201, "pypi", ""},
+		{"allowInternetAccess false with allowOut", map[string]any{"templateID": "net", "allow_internet_access": false, "network": map[string]any{"allowOut": []string{"pypi.org", "files.pythonhosted.org"}}}, 201, "pypi", ""},
+		{"open, with hosts added", map[string]any{"templateID": "net", "network": map[string]any{"allowOut": []string{"example.com"}, "allowPublicTraffic": false}}, 201, "pypi", ""},
+		{"no network asked of a template without", map[string]any{"templateID": "base", "network": map[string]any{"denyOut": all}}, 201, "", ""},
+		{"a host the request does not allow", map[string]any{"templateID": "net", "network": map[string]any{"denyOut": all, "allowOut": []string{"pypi.org"}}}, 400, "", "files.pythonhosted.org"},
+		{"a port the request does not allow", map[string]any{"templateID": "net", "network": map[string]any{"denyOut": all, "allowOut": []string{"pypi.org:443", "files.pythonhosted.org"}}}, 400, "", "pypi.org"},
+		{"no network asked of a template with some", map[string]any{"templateID": "net", "allow_internet_access": false}, 400, "", "pypi.org"},
+		{"addresses denied, the rest allowed", map[string]any{"templateID": "net", "network": map[string]any{"denyOut": []string{"10.0.0.0/8"}}}, 400, "", "denyOut"},
+		{"a profile without a policy to compare", map[string]any{"templateID": "bare", "network": map[string]any{"denyOut": all}}, 400, "", "no policy"},
+		{"maskRequestHost", map[string]any{"templateID": "net", "network": map[string]any{"maskRequestHost": "x"}}, 400, "", "maskRequestHost"},
+	} {
+		var body struct {
+			SandboxID string `json:"sandboxID"`
+			Message   string `json:"message"`
+		}
+		resp := ts.do(t, keyA, "POST", "/v2/sandboxes", tc.body, &body)
+		if resp.StatusCode != tc.status || !strings.Contains(body.Message, tc.says) {
+			t.Errorf("%s: %d %q, want %d saying %q", tc.name, resp.StatusCode, body.Message, tc.status, tc.says)
+			continue
+		}
+		if tc.status != 201 {
+			continue
+		}
+		if info, _ := ts.srv.Session("a", body.SandboxID); info.Network != tc.profile {
+			t.Errorf("%s: network profile %q, want %q", tc.name, info.Network, tc.profile)
+		}
+		ts.do(t, keyA, "DELETE", "/sandboxes/"+body.SandboxID, nil, nil)
+	}
+	if n := len(ts.srv.Sessions("a")); n != 0 {
+		t.Errorf("%d sessions left", n)
 	}
 }
 

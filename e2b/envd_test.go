@@ -127,11 +127,10 @@ func TestCommands(t *testing.T) {
 	if r, err := run(t, cl, &process.ProcessConfig{Cmd: "/no/such/program"}); err != nil || r.end.GetExitCode() != 127 {
 		t.Errorf("missing program: %+v, %v", r, err)
 	}
-	// Not mapped: a pty and stdin, refused before anything runs.
+	// Not mapped: a pty, refused before anything runs.
 	ctx := context.Background()
 	for name, req := range map[string]*process.StartRequest{
 		"pty":   {Process: bash("true"), Pty: &process.PTY{}},
-		"stdin": {Process: bash("true"), Stdin: new(true)},
 	} {
 		s, err := cl.proc.Start(ctx, connect.NewRequest(req))
 		if err == nil {

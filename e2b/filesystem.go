@@ -134,7 +134,7 @@ func (f *filesystemService) ListDir(ctx context.Context, req *connect.Request[fi
 	out := &filesystem.ListDirResponse{}
 	for _, fi := range all {
 		rest, ok := strings.CutPrefix(fi.Name, prefix)
-		if !ok || rest == "" || strings.Count(rest, "/") >= depth {
+		if !ok || rest == "" || strings.Count(rest, "/") >= depth || hiddenName(fi.Name) {
 			continue
 		}
 		out.Entries = append(out.Entries, entry(fi))

@@ -15,6 +15,7 @@ import (
 	"sync"
 
 	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/e2b/internal/envd/process"
@@ -44,6 +45,8 @@ type proc struct {
 	ended bool
 	// killed says a SendSignal ended it.
 	killed string
+	// stdin is the command's input; nil when it was started without.
+	stdin *stdinSpool
 }
 
 func (t *procTable) add(p *proc) {
@@ -180,33 +183,69 @@ func rpcError(err error) error {
 // changes to the command's directory, sets its environment (HOME the
 // session's directory, then the sandbox's and the command's variables)
 // and replaces itself with the command, so that its exit status and
-// signal are the command's. Its input is base64 JSON, never Python source
-// built from the request.
-const launcher = `import base64, json, os, sys
+// signal are the command's; SIGPIPE and SIGXFSZ, which Python ignores,
+// are the default again for the command. A command with stdin runs as its
+// child instead, its input a pipe that the relay fills from the spool
+// (stdinRelay), and the launcher ends as the child did: the same exit
+// status, or killed by the same signal. Its input is base64 JSON, never
+// Python source built from the request.
+const launcher = `import base64, json, os, signal, sys, threading
+%s
 c = json.loads(base64.b64decode(%q))
 home = os.getcwd()
 env = dict(os.environ)
 env["HOME"] = home
 env.update(c["envs"])
-try:
-    os.chdir(c["cwd"] or ".")
-    env["PWD"] = os.getcwd()
-    os.execve(c["cmd"], [c["cmd"]] + c["args"], env)
-except FileNotFoundError as e:
-    sys.stderr.write("moat: %%s: %%s\n" %% (c["cmd"], e.strerror))
-    sys.exit(127)
-except (OSError, ValueError) as e:
-    sys.stderr.write("moat: %%s: %%s\n" %% (c["cmd"], e))
-    sys.exit(126)
+def run():
+    try:
+        for s in (signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(s, signal.SIG_DFL)
+        os.chdir(c["cwd"] or ".")
+        env["PWD"] = os.getcwd()
+        os.execve(c["cmd"], [c["cmd"]] + c["args"], env)
+    except FileNotFoundError as e:
+        sys.stderr.write("moat: %%s: %%s\n" %% (c["cmd"], e.strerror))
+        code = 127
+    except (OSError, ValueError) as e:
+        sys.stderr.write("moat: %%s: %%s\n" %% (c["cmd"], e))
+        code = 126
+    sys.stderr.flush()
+    os._exit(code)
+if not c["stdin"]:
+    run()
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.dup2(r, 0)
+    os.close(r)
+    os.close(w)
+    run()
+os.close(r)
+stop = threading.Event()
+threading.Thread(target=relay, args=(os.path.join(home, c["stdin"]), w, stop), daemon=True).start()
+_, st = os.waitpid(pid, 0)
+stop.set()
+clean(os.path.join(home, c["stdin"]))
+if os.WIFSIGNALED(st):
+    try:
+        signal.signal(os.WTERMSIG(st), signal.SIG_DFL)
+    except (OSError, ValueError):
+        pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.kill(os.getpid(), os.WTERMSIG(st))
+sys.exit(os.waitstatus_to_exitcode(st))
 `
 
 // childLauncher is launcher for a session with a live interpreter, which
 // must outlive the command: it runs the command as its child (input
-// closed) and exits with its status, as the live interpreter reports a
-// SystemExit. HOME is moat's, the session's directory, whatever a cell did
-// with the interpreter's own working directory.
+// closed, or the relay's pipe with stdin) and exits with its status, as
+// the live interpreter reports a SystemExit. HOME is moat's, the session's
+// directory, whatever a cell did with the interpreter's own working
+// directory. It leaves no name and no thread in the interpreter.
 const childLauncher = `def _moat_child(c):
-    import base64, json, os, subprocess, sys
+    import base64, json, os, subprocess, sys, threading
+%s
     c = json.loads(base64.b64decode(c))
     home = os.environ.get("HOME") or os.getcwd()
     env = dict(os.environ)
@@ -217,14 +256,28 @@ const childLauncher = `def _moat_child(c):
     sys.stdout.flush()
     sys.stderr.flush()
     try:
-        r = subprocess.run([c["cmd"]] + c["args"], cwd=cwd, env=env, stdin=subprocess.DEVNULL)
+        r = subprocess.Popen([c["cmd"]] + c["args"], cwd=cwd, env=env, stdin=subprocess.PIPE if c["stdin"] else subprocess.DEVNULL)
     except FileNotFoundError as e:
         sys.stderr.write("moat: %%s: %%s\n" %% (c["cmd"], e.strerror))
         raise SystemExit(127)
     except (OSError, ValueError) as e:
         sys.stderr.write("moat: %%s: %%s\n" %% (c["cmd"], e))
         raise SystemExit(126)
-    raise SystemExit(r.returncode if r.returncode >= 0 else 128 - r.returncode)
+    stop = threading.Event()
+    t = None
+    if c["stdin"]:
+        w = os.dup(r.stdin.fileno())
+        r.stdin.close()
+        t = threading.Thread(target=relay, args=(os.path.join(home, c["stdin"]), w, stop), daemon=True)
+        t.start()
+    try:
+        rc = r.wait()
+    finally:
+        stop.set()
+        if t:
+            t.join()
+            clean(os.path.join(home, c["stdin"]))
+    raise SystemExit(rc if rc >= 0 else 128 - rc)
 try:
     _moat_child(%q)
 finally:
@@ -234,7 +287,7 @@ finally:
 // launchCode returns the run's code for cfg, with envs (the sandbox's)
 // under the command's own variables: launcher, or childLauncher when the
 // session keeps a live interpreter. cwd maps as MapPath does.
-func launchCode(cfg *process.ProcessConfig, envs map[string]string, interpreter bool) ([]byte, error) {
+func launchCode(cfg *process.ProcessConfig, envs map[string]string, interpreter bool, stdin string) ([]byte, error) {
 	if cfg == nil || cfg.GetCmd() == "" {
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("e2b: the process has no cmd"))
 	}
@@ -258,15 +311,14 @@ func launchCode(cfg *process.ProcessConfig, envs map[string]string, interpreter 
 	if args == nil {
 		args = []string{}
 	}
-	j, err := json.Marshal(map[string]any{"cmd": cfg.GetCmd(), "args": args, "envs": all, "cwd": cwd})
+	j, err := json.Marshal(map[string]any{"cmd": cfg.GetCmd(), "args": args, "envs": all, "cwd": cwd, "stdin": stdin})
 	if err != nil {
 		return nil, err
 	}
-	tmpl := launcher
 	if interpreter {
-		tmpl = childLauncher
+		return fmt.Appendf(nil, childLauncher, indent(stdinRelay, "    "), base64.StdEncoding.EncodeToString(j)), nil
 	}
-	return fmt.Appendf(nil, tmpl, base64.StdEncoding.EncodeToString(j)), nil
+	return fmt.Appendf(nil, launcher, stdinRelay, base64.StdEncoding.EncodeToString(j)), nil
 }
 
 // streamWriter turns a run's output into data events on the stream and to
@@ -305,19 +357,34 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 	if req.Msg.Pty != nil {
 		return unimplemented("a pty is not supported by moat")
 	}
-	if req.Msg.GetStdin() {
-		return unimplemented("stdin to a command is not supported by moat yet: start it with stdin false")
-	}
-	code, err := launchCode(req.Msg.GetProcess(), sb.envs, sb.interpreter)
-	if err != nil {
+	// Judged before anything is made for the command.
+	if _, err := launchCode(req.Msg.GetProcess(), sb.envs, sb.interpreter, ""); err != nil {
 		return err
 	}
 	if err := ps.checkCwd(ctx, sb, req.Msg.GetProcess().GetCwd()); err != nil {
 		return err
 	}
+	var spool *stdinSpool
+	if req.Msg.GetStdin() {
+		var err error
+		if spool, err = ps.newStdinSpool(ctx, sb); err != nil {
+			return err
+		}
+		// Not under the request's context: the spool goes even when the
+		// client has.
+		defer ps.endStdin(context.WithoutCancel(ctx), sb, spool)
+	}
+	stdinDir := ""
+	if spool != nil {
+		stdinDir = spool.dir
+	}
+	code, err := launchCode(req.Msg.GetProcess(), sb.envs, sb.interpreter, stdinDir)
+	if err != nil {
+		return err
+	}
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	p := &proc{tag: req.Msg.GetTag(), config: req.Msg.GetProcess(), cancel: cancel}
+	p := &proc{tag: req.Msg.GetTag(), config: req.Msg.GetProcess(), cancel: cancel, stdin: spool}
 	sb.procs.add(p)
 	defer sb.procs.remove(p)
 	defer p.closeSubs()
@@ -379,13 +446,25 @@ func endEvent(res *moat.Result, p *proc) *process.ProcessEvent {
 	case killed != "":
 		e.ExitCode, e.Exited, e.Status = -1, false, "signal: "+killed
 	case res.Signal != "":
-		e.ExitCode, e.Exited, e.Status = -1, false, "signal: "+strings.ToLower(strings.TrimPrefix(res.Signal, "SIG"))
+		e.ExitCode, e.Exited, e.Status = -1, false, "signal: "+signalText(res.Signal)
 	}
-	if res.Reason != "" && killed == "" {
+	// A signal the code got from itself (or from a process of its own)
+	// is its own end, as an exit status is; the rest are moat's.
+	if res.Reason != "" && res.Reason != moat.ReasonSignal && killed == "" {
 		msg := fmt.Sprintf("moat: the command was ended: %s", res.Reason)
 		e.Error = &msg
 	}
 	return &process.ProcessEvent{Event: &process.ProcessEvent_End{End: e}}
+}
+
+// signalText is how Go's os.ProcessState names a signal ("terminated" for
+// SIGTERM), as envd's end events do; a name it does not know stays as moat
+// gave it.
+func signalText(name string) string {
+	if n := unix.SignalNum(name); n != 0 {
+		return n.String()
+	}
+	return name
 }
 
 // Connect follows a command in progress: a start event, then its events
@@ -454,18 +533,41 @@ func (ps *processService) SendSignal(ctx context.Context, req *connect.Request[p
 	return connect.NewResponse(&process.SendSignalResponse{}), nil
 }
 
-// CloseStdin succeeds for a command in progress: moat starts every command
-// with its input closed.
+// CloseStdin ends the command's input: it reads what was sent, then the
+// end. For a command started without stdin (its input is always closed)
+// it succeeds.
 func (ps *processService) CloseStdin(ctx context.Context, req *connect.Request[process.CloseStdinRequest]) (*connect.Response[process.CloseStdinResponse], error) {
-	if _, err := current(ctx).procs.find(req.Msg.GetProcess()); err != nil {
+	sb := current(ctx)
+	p, err := sb.procs.find(req.Msg.GetProcess())
+	if err != nil {
 		return nil, err
+	}
+	if p.stdin != nil {
+		if err := ps.closeStdin(ctx, sb, p.stdin); err != nil {
+			return nil, err
+		}
 	}
 	return connect.NewResponse(&process.CloseStdinResponse{}), nil
 }
 
+// SendInput gives data to the command's input (sendStdin), in the order
+// sent; it waits while the command has not read the last maxStdinPending
+// messages.
 func (ps *processService) SendInput(ctx context.Context, req *connect.Request[process.SendInputRequest]) (*connect.Response[process.SendInputResponse], error) {
-	if _, err := current(ctx).procs.find(req.Msg.GetProcess()); err != nil {
+	sb := current(ctx)
+	p, err := sb.procs.find(req.Msg.GetProcess())
+	if err != nil {
 		return nil, err
 	}
-	return nil, unimplemented("stdin to a command is not supported by moat yet")
+	in := req.Msg.GetInput()
+	if in.GetPty() != nil {
+		return nil, unimplemented("a pty is not supported by moat")
+	}
+	if p.stdin == nil {
+		return nil, errNoStdin
+	}
+	if err := ps.send(ctx, sb, p.stdin, in.GetStdin()); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&process.SendInputResponse{}), nil
 }

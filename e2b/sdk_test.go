@@ -96,6 +96,8 @@ func testSDK(t *testing.T, dir string) {
 		{"exists", "yes", true},
 		{"exists", "no", false},
 		{"outside", "error", "InvalidArgumentError"},
+		{"stdin", "stdout", "got one\ngot two\neof\n"},
+		{"stdin", "exitCode", 0.0},
 		{"background", "stdout", "started\n"},
 		{"background", "end", "CommandExitError -1"},
 		{"after", "stdout", "after\n"},

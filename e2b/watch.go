@@ -60,7 +60,7 @@ func watchSnapshot(ctx context.Context, sess moat.Session, dir string, recursive
 	snap, infos := map[string]watchState{}, map[string]moat.FileInfo{}
 	for _, fi := range all {
 		rel, ok := strings.CutPrefix(fi.Name, prefix)
-		if !ok || rel == "" || (!recursive && strings.Contains(rel, "/")) {
+		if !ok || rel == "" || (!recursive && strings.Contains(rel, "/")) || hiddenName(fi.Name) {
 			continue
 		}
 		snap[rel] = watchState{size: fi.Size, mod: fi.ModTime, mode: uint32(fi.Mode), isDir: fi.IsDir}

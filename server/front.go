@@ -57,6 +57,13 @@ func (ss *session) info() SessionInfo {
 		CreatedAt: ss.rec.CreatedAt, ExpiresAt: ss.rec.ExpiresAt, State: ss.rec.state(), Front: bytes.Clone(ss.rec.Front)}
 }
 
+// ProfilePolicy returns the egress policy of the network profile name
+// (Config.ProfilePolicies), and false when the server has none for it.
+func (s *Server) ProfilePolicy(name string) (moat.Egress, bool) {
+	e, ok := s.cfg.ProfilePolicies[name]
+	return e, ok
+}
+
 // Owner returns the name of the token tok, as a request's bearer token is
 // checked.
 func (s *Server) Owner(tok string) (string, bool) {

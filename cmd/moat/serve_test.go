@@ -502,6 +502,7 @@ func TestServeE2BEveryLevel(t *testing.T) {
 				`{"step":"cat","stdout":"hello from the sdk"}`,
 				`{"step":"readback","text":"made by bash\n"}`,
 				`{"step":"outside","error":"InvalidArgumentError"}`,
+				`{"step":"stdin","stdout":"got one\ngot two\neof\n","exitCode":0}`,
 				`"stdout":"started\n","end":"CommandExitError -1"}`,
 				`{"step":"after","stdout":"after\n"}`,
 				`{"step":"kill","killed":true}`,

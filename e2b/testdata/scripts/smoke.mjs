@@ -1,5 +1,5 @@
 // Drives a moat serve through the unchanged E2B SDK: create, commands.run,
-// files.write and read, background commands, list, kill. The Go tests
+// files.write and read, stdin, background commands, list, kill. The Go tests
 // (e2b's TestSDK, once per SDK harness, and cmd/moat's
 // TestServeE2BEveryLevel) run it with
 // E2B_API_KEY, E2B_API_URL and E2B_SANDBOX_URL pointing at the server and
@@ -46,6 +46,15 @@ try {
 } catch (e) {
   out('outside', { error: e.name })
 }
+
+// stdin: a background command reading its input, sent in two pieces and
+// closed.
+const reader = await sbx.commands.run('while read -r l; do echo "got $l"; done; echo eof', { background: true, stdin: true })
+await sbx.commands.sendStdin(reader.pid, 'one\n')
+await reader.sendStdin('two\n')
+await reader.closeStdin()
+const read = await reader.wait()
+out('stdin', { stdout: read.stdout, exitCode: read.exitCode })
 
 let sawStart
 const started = new Promise((resolve) => { sawStart = resolve })

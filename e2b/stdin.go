@@ -1,0 +1,226 @@
+// A command's standard input, carried through the session's files.
+
+package e2b
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+)
+
+// A run of moat takes no input (moat.Request has none), but a session's
+// files can be written while a run is in progress, at every level. So a
+// command started with stdin reads it from a spool directory of the
+// session's: each SendInput is a file, "<n>.part" written then renamed to
+// "<n>" (so the command never reads half of one), and CloseStdin is the
+// file "eof". The launcher runs the command with a pipe as its input and
+// a thread that copies each "<n>" into the pipe in order, removing it,
+// and closes the pipe at "eof". The spool is under stdinRoot, which the
+// E2B API does not show (listings, watches).
+//
+// The spool belongs to the sandbox's own code: the code can read it, add
+// to it or break it, which changes only its own input. The host writes
+// through moat.Files, which never follows a link the code planted, so a
+// broken spool is an error of SendInput, nothing more.
+const stdinRoot = ".moat-stdin"
+
+// maxStdinPending is how many chunks SendInput lets wait for the command
+// to take them before it waits in turn: what one command's unread input
+// holds of the session's disk is at most this many messages.
+const maxStdinPending = 8
+
+// hiddenName reports whether name (a session file name) is of the stdin
+// spool, which listings and watches leave out.
+func hiddenName(name string) bool {
+	return name == stdinRoot || strings.HasPrefix(name, stdinRoot+"/")
+}
+
+// stdinSpool is the host's side of one command's input.
+type stdinSpool struct {
+	dir string // session file name of the spool directory
+
+	// ended is closed when the command has ended: a send waiting for it
+	// to read stops waiting.
+	ended   chan struct{}
+	endOnce sync.Once
+
+	mu     sync.Mutex
+	next   int  // the number of the next chunk
+	closed bool // "eof" written, or the command ended
+}
+
+// newStdinSpool makes the spool directory for a command of sb.
+func (ps *processService) newStdinSpool(ctx context.Context, sb *sandbox) (*stdinSpool, error) {
+	var nonce [8]byte
+	rand.Read(nonce[:])
+	sp := &stdinSpool{dir: path.Join(stdinRoot, hex.EncodeToString(nonce[:])), ended: make(chan struct{})}
+	sess, done, err := ps.s.cfg.Sessions.UseSession(ctx, sb.owner, sb.id)
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	defer done()
+	if err := sess.Mkdir(ctx, sp.dir); err != nil {
+		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("e2b: the command's stdin: %w", err))
+	}
+	return sp, nil
+}
+
+// send writes data as the next chunk, once fewer than maxStdinPending wait
+// (ctx bounds the wait).
+func (ps *processService) send(ctx context.Context, sb *sandbox, sp *stdinSpool, data []byte) error {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if sp.closed {
+		return connect.NewError(connect.CodeFailedPrecondition, errors.New("e2b: the command's stdin is closed"))
+	}
+	if len(data) == 0 {
+		return nil
+	}
+	sess, done, err := ps.s.cfg.Sessions.UseSession(ctx, sb.owner, sb.id)
+	if err != nil {
+		return rpcError(err)
+	}
+	defer done()
+	if sp.next >= maxStdinPending {
+		// Chunks are taken in order: when this one is gone, so are all
+		// before it.
+		oldest := path.Join(sp.dir, strconv.Itoa(sp.next-maxStdinPending))
+		for pause := time.Millisecond; ; pause = min(2*pause, 50*time.Millisecond) {
+			_, err := sess.Stat(ctx, oldest)
+			if errors.Is(err, fs.ErrNotExist) {
+				break
+			}
+			if err != nil {
+				return fsError(err)
+			}
+			select {
+			case <-ctx.Done():
+				return connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("e2b: the command has not read its input: %w", ctx.Err()))
+			case <-sp.ended:
+				return connect.NewError(connect.CodeNotFound, errors.New("e2b: the command ended before it read its input"))
+			case <-time.After(pause):
+			}
+		}
+	}
+	name := path.Join(sp.dir, strconv.Itoa(sp.next))
+	if err := sess.WriteFile(ctx, name+".part", bytes.NewReader(data)); err != nil {
+		return fsError(err)
+	}
+	if err := sess.Rename(ctx, name+".part", name); err != nil {
+		return fsError(err)
+	}
+	sp.next++
+	return nil
+}
+
+// close writes "eof": the command reads the end of its input once it has
+// read every chunk before.
+func (ps *processService) closeStdin(ctx context.Context, sb *sandbox, sp *stdinSpool) error {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if sp.closed {
+		return nil
+	}
+	sess, done, err := ps.s.cfg.Sessions.UseSession(ctx, sb.owner, sb.id)
+	if err != nil {
+		return rpcError(err)
+	}
+	defer done()
+	if err := sess.WriteFile(ctx, path.Join(sp.dir, "eof"), bytes.NewReader(nil)); err != nil {
+		return fsError(err)
+	}
+	sp.closed = true
+	return nil
+}
+
+// end closes the spool for good once the command has ended and removes
+// what the launcher left of it: the chunks it had not taken (at most
+// maxStdinPending and one being written), "eof", the directory, and the
+// root when no other command's spool is in it. What it cannot remove (the
+// code put files of its own there) stays, among the session's own files.
+func (ps *processService) endStdin(ctx context.Context, sb *sandbox, sp *stdinSpool) {
+	sp.endOnce.Do(func() { close(sp.ended) })
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	sp.closed = true
+	sess, done, err := ps.s.cfg.Sessions.UseSession(ctx, sb.owner, sb.id)
+	if err != nil {
+		return
+	}
+	defer done()
+	if _, err := sess.Stat(ctx, sp.dir); err != nil {
+		return // the launcher removed it
+	}
+	for n := max(0, sp.next-maxStdinPending-1); n <= sp.next; n++ {
+		sess.RemoveFile(ctx, path.Join(sp.dir, strconv.Itoa(n)))
+		sess.RemoveFile(ctx, path.Join(sp.dir, strconv.Itoa(n)+".part"))
+	}
+	sess.RemoveFile(ctx, path.Join(sp.dir, "eof"))
+	sess.RemoveFile(ctx, sp.dir)
+	sess.RemoveFile(ctx, stdinRoot)
+}
+
+// stdinRelay is the Python of the launcher's side: relay(d, w, stop)
+// copies the chunks of spool directory d into the file descriptor w, in
+// order, until "eof" (or until stop is set, or w's reader has gone), then
+// closes w; clean(d) removes the spool. It is inserted into the
+// launchers, indented to their level.
+const stdinRelay = `def relay(d, w, stop):
+    import os, time
+    n, pause = 0, 0.002
+    try:
+        while not stop.is_set():
+            p = os.path.join(d, str(n))
+            try:
+                with open(p, "rb") as f:
+                    data = f.read()
+            except FileNotFoundError:
+                if os.path.exists(os.path.join(d, "eof")) and not os.path.exists(p):
+                    break
+                stop.wait(pause)
+                pause = min(pause * 2, 0.05)
+                continue
+            os.unlink(p)
+            n, pause = n + 1, 0.002
+            while data:
+                data = data[os.write(w, data):]
+    except OSError:
+        pass
+    finally:
+        os.close(w)
+def clean(d):
+    import os
+    try:
+        for e in os.listdir(d):
+            os.unlink(os.path.join(d, e))
+        os.rmdir(d)
+        os.rmdir(os.path.dirname(d))
+    except OSError:
+        pass
+`
+
+// indent returns src with every line but empty ones indented by prefix.
+func indent(src, prefix string) string {
+	lines := strings.Split(strings.TrimSuffix(src, "\n"), "\n")
+	for i, l := range lines {
+		if l != "" {
+			lines[i] = prefix + l
+		}
+	}
+	return strings.Join(lines, "\n") + "\n"
+}
+
+// errNoStdin is SendInput's and CloseStdin's answer for a command started
+// without stdin.
+var errNoStdin = connect.NewError(connect.CodeFailedPrecondition, errors.New("e2b: the command was started without stdin: start it with stdin true"))

@@ -1,0 +1,194 @@
+package e2b_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/e2b/internal/envd/filesystem"
+	"github.com/moatsandbox/moat/e2b/internal/envd/process"
+)
+
+// started is a command in progress with its stream read in the background.
+type started struct {
+	pid  uint32
+	done chan ran
+}
+
+// startStdin starts cfg with stdin and reads its stream to the end on a
+// goroutine.
+func startStdin(t *testing.T, ctx context.Context, cl clients, cfg *process.ProcessConfig) started {
+	t.Helper()
+	stream, err := cl.proc.Start(ctx, connect.NewRequest(&process.StartRequest{Process: cfg, Stdin: new(true)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !stream.Receive() || stream.Msg().GetEvent().GetStart() == nil {
+		t.Fatalf("no start event: %v", stream.Err())
+	}
+	s := started{pid: stream.Msg().GetEvent().GetStart().GetPid(), done: make(chan ran, 1)}
+	go func() {
+		defer stream.Close()
+		var r ran
+		for stream.Receive() {
+			switch ev := stream.Msg().GetEvent().GetEvent().(type) {
+			case *process.ProcessEvent_Data:
+				r.stdout += string(ev.Data.GetStdout())
+				r.stderr += string(ev.Data.GetStderr())
+			case *process.ProcessEvent_End:
+				r.end = ev.End
+			}
+		}
+		s.done <- r
+	}()
+	return s
+}
+
+func pidSel(pid uint32) *process.ProcessSelector {
+	return &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: pid}}
+}
+
+func sendStdin(ctx context.Context, cl clients, pid uint32, data string) error {
+	_, err := cl.proc.SendInput(ctx, connect.NewRequest(&process.SendInputRequest{
+		Process: pidSel(pid), Input: &process.ProcessInput{Input: &process.ProcessInput_Stdin{Stdin: []byte(data)}}}))
+	return err
+}
+
+func closeStdin(ctx context.Context, cl clients, pid uint32) error {
+	_, err := cl.proc.CloseStdin(ctx, connect.NewRequest(&process.CloseStdinRequest{Process: pidSel(pid)}))
+	return err
+}
+
+func waitRan(t *testing.T, s started) ran {
+	t.Helper()
+	select {
+	case r := <-s.done:
+		return r
+	case <-time.After(60 * time.Second):
+		t.Fatal("the command did not end")
+		return ran{}
+	}
+}
+
+// A command started with stdin reads what SendInput sends, in order, past
+// the number of chunks the spool holds at once, and the end of it at
+// CloseStdin; its exit status is its own; the spool is gone after it and
+// never listed. In a sandbox with a live interpreter too, whose names
+// outlive the command.
+func TestStdin(t *testing.T) {
+	for _, tpl := range []string{"base", "code-interpreter-v1"} {
+		t.Run(tpl, func(t *testing.T) {
+			ts := startServer(t, moat.Limits{WallTime: moat.Duration(60 * time.Second)}, nil)
+			c := ts.create(t, keyA, map[string]any{"templateID": tpl})
+			cl := ts.clients(c.SandboxID, c.EnvdAccessToken)
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+
+			s := startStdin(t, ctx, cl, bash(`n=0; while read -r l; do n=$((n+1)); echo "got $l"; done; echo "lines $n"; exit 7`))
+			var want strings.Builder
+			for i := range 20 {
+				if err := sendStdin(ctx, cl, s.pid, fmt.Sprintf("line%d\n", i)); err != nil {
+					t.Fatalf("send %d: %v", i, err)
+				}
+				fmt.Fprintf(&want, "got line%d\n", i)
+			}
+			// Listings during the command do not show the spool.
+			list, err := cl.fs.ListDir(ctx, connect.NewRequest(&filesystem.ListDirRequest{Path: "/home/user", Depth: 5}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range list.Msg.GetEntries() {
+				if strings.Contains(e.GetPath(), ".moat-stdin") {
+					t.Errorf("listed: %s", e.GetPath())
+				}
+			}
+			if err := closeStdin(ctx, cl, s.pid); err != nil {
+				t.Fatal(err)
+			}
+			if err := sendStdin(ctx, cl, s.pid, "late\n"); connect.CodeOf(err) != connect.CodeFailedPrecondition && connect.CodeOf(err) != connect.CodeNotFound {
+				t.Errorf("send after close: %v, want failed_precondition", err)
+			}
+			r := waitRan(t, s)
+			want.WriteString("lines 20\n")
+			if r.stdout != want.String() || r.end.GetExitCode() != 7 || !r.end.GetExited() {
+				t.Errorf("stdout %q, end %+v; want %q and exit 7", r.stdout, r.end, want.String())
+			}
+			// Nothing of the spool is left in the session.
+			sess, done, err := ts.srv.UseSession(ctx, "a", c.SandboxID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			files, err := sess.ListFiles(ctx)
+			done()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range files {
+				if strings.HasPrefix(f.Name, ".moat-stdin") {
+					t.Errorf("left after the command: %s", f.Name)
+				}
+			}
+
+			// A command that does not read its input can be killed while
+			// a send waits for it; killed by a signal, it says so.
+			s = startStdin(t, ctx, cl, bash(`kill -TERM $$`))
+			r = waitRan(t, s)
+			// With a live interpreter, which outlives the command, the
+			// status is the shell's 128+15, as the interpreter reports
+			// its child's.
+			if tpl == "base" && (r.end.GetExited() || r.end.GetStatus() != "signal: terminated" || r.end.Error != nil) ||
+				tpl != "base" && r.end.GetExitCode() != 143 {
+				t.Errorf("a command killed by SIGTERM: %+v", r.end)
+			}
+			s = startStdin(t, ctx, cl, bash(`sleep 50`))
+			sent := make(chan error, 1)
+			go func() {
+				var err error
+				// 40 of 64KiB: more than the pipe and the spool hold.
+				chunk := strings.Repeat("x", 64<<10)
+				for i := 0; i < 40 && err == nil; i++ {
+					err = sendStdin(ctx, cl, s.pid, chunk)
+				}
+				sent <- err
+			}()
+			time.Sleep(500 * time.Millisecond)
+			if _, err := cl.proc.SendSignal(ctx, connect.NewRequest(&process.SendSignalRequest{Process: pidSel(s.pid), Signal: process.Signal_SIGNAL_SIGKILL})); err != nil {
+				t.Fatal(err)
+			}
+			waitRan(t, s)
+			select {
+			case err := <-sent:
+				if err == nil {
+					t.Error("40 sends to a command that reads nothing all succeeded: the spool is not bounded")
+				}
+			case <-time.After(30 * time.Second):
+				t.Error("a send waiting for a killed command did not end")
+			}
+
+			// Without stdin: SendInput is refused, CloseStdin succeeds.
+			stream, err := cl.proc.Start(ctx, connect.NewRequest(&process.StartRequest{Process: bash("sleep 50")}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer stream.Close()
+			if !stream.Receive() {
+				t.Fatal(stream.Err())
+			}
+			pid := stream.Msg().GetEvent().GetStart().GetPid()
+			if err := sendStdin(ctx, cl, pid, "x"); connect.CodeOf(err) != connect.CodeFailedPrecondition {
+				t.Errorf("send to a command without stdin: %v, want failed_precondition", err)
+			}
+			if err := closeStdin(ctx, cl, pid); err != nil {
+				t.Errorf("close stdin of a command without it: %v", err)
+			}
+			cl.proc.SendSignal(ctx, connect.NewRequest(&process.SendSignalRequest{Process: pidSel(pid), Signal: process.Signal_SIGNAL_SIGKILL}))
+			for stream.Receive() {
+			}
+		})
+	}
+}
