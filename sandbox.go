@@ -80,6 +80,27 @@ type Sandbox interface {
 	Close() error
 }
 
+// PoolStats says how a sandbox's pool of instances prepared ahead of runs
+// (a helper with python3 started, a container, a gVisor sandbox, a VM
+// restored) has served them.
+type PoolStats struct {
+	// Size is how many instances the pool keeps prepared; zero means the
+	// sandbox keeps none.
+	Size int `json:"size"`
+	// Ready is how many are prepared now.
+	Ready int `json:"ready"`
+	// Hits counts the runs that took a prepared instance, and Misses those
+	// that found none and prepared their own on their path.
+	Hits   int64 `json:"hits"`
+	Misses int64 `json:"misses"`
+}
+
+// PoolReporter is implemented by sandboxes that keep a pool of prepared
+// instances. PoolStats is safe for concurrent use.
+type PoolReporter interface {
+	PoolStats() PoolStats
+}
+
 // Availability says whether a level can run on this machine, and if not, why
 // and what to do about it. It is what `moat doctor` prints.
 type Availability struct {

@@ -41,6 +41,10 @@ type Target struct {
 	// those of the targets this package makes do ("bench: NAME: ..."): it
 	// is reported as is. Run must honour ctx.
 	Run func(ctx context.Context) error
+	// Pool, when not nil, reads the pool of the sandbox the target runs
+	// in (moat.PoolReporter): the row then says how many of its measured
+	// runs found a prepared instance.
+	Pool func() moat.PoolStats
 }
 
 // Config says how many runs to make. Its zero value runs 10 measured runs
@@ -120,6 +124,13 @@ func Run(ctx context.Context, cfg Config, baseline Target, targets ...Target) (*
 
 	samples := make([][]time.Duration, len(all))
 	failed := make([]error, len(all))
+	// pools are the targets' pool counters before their first measured
+	// run; lastEnd when each run of a target ended, and gaps the time
+	// from one measured run's end to the next one's start: what its pool
+	// had to refill.
+	pools := make([]moat.PoolStats, len(all))
+	lastEnd := make([]time.Time, len(all))
+	gaps := make([][]time.Duration, len(all))
 	rounds := cfg.Warmup + cfg.Runs
 	for round := range rounds {
 		measured := round >= cfg.Warmup
@@ -136,9 +147,16 @@ func Run(ctx context.Context, cfg Config, baseline Target, targets ...Target) (*
 			if err := ctx.Err(); err != nil {
 				return nil, fmt.Errorf("bench: %w", err)
 			}
+			if round == cfg.Warmup && t.Pool != nil {
+				pools[i] = t.Pool()
+			}
 			start := cfg.now()
+			if measured && round > 0 {
+				gaps[i] = append(gaps[i], start.Sub(lastEnd[i]))
+			}
 			err := t.Run(ctx)
-			d := cfg.now().Sub(start)
+			lastEnd[i] = cfg.now()
+			d := lastEnd[i].Sub(start)
 			if err != nil {
 				if ctxErr := ctx.Err(); ctxErr != nil {
 					return nil, fmt.Errorf("bench: %s: %w", t.Name, ctxErr)
@@ -166,6 +184,13 @@ func Run(ctx context.Context, cfg Config, baseline Target, targets ...Target) (*
 			row.Err = failed[i].Error()
 		} else {
 			row.setStats(samples[i])
+		}
+		if len(gaps[i]) > 0 {
+			row.MinGap = summarize(gaps[i]).Min
+		}
+		if t.Pool != nil {
+			now := t.Pool()
+			row.Pool = &PoolUse{Size: now.Size, Hits: now.Hits - pools[i].Hits, Misses: now.Misses - pools[i].Misses}
 		}
 		rep.Rows[i] = row
 	}

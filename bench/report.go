@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -29,6 +30,34 @@ type Row struct {
 	Note  string
 	// Err says why the target failed, or is empty.
 	Err string
+	// MinGap is the shortest time from the end of one of the row's runs
+	// to the start of its next (the other rows ran in between): the least
+	// time its pool had to refill. Zero with fewer than two runs.
+	MinGap time.Duration
+	// Pool says how the row's measured runs found the sandbox's pool, or
+	// is nil for a target without one (the baseline, a command).
+	Pool *PoolUse
+}
+
+// PoolUse is what a row's measured runs found in its sandbox's pool of
+// prepared instances: Hits took one, Misses prepared their own on the
+// run's path (and are timed as such). Size is how many the pool keeps.
+type PoolUse struct {
+	Size   int   `json:"size"`
+	Hits   int64 `json:"hits"`
+	Misses int64 `json:"misses"`
+}
+
+// poolNote is the row's pool, as the table prints it.
+func (r Row) poolNote() string {
+	if r.Pool == nil {
+		return ""
+	}
+	if r.Pool.Size == 0 {
+		return "no pool"
+	}
+	return fmt.Sprintf("pool of %d: %d/%d runs found one ready (refill gap >= %sms)",
+		r.Pool.Size, r.Pool.Hits, r.Pool.Hits+r.Pool.Misses, formatMS(r.MinGap))
 }
 
 func (r *Row) setStats(ds []time.Duration) {
@@ -52,10 +81,12 @@ func (r Row) MarshalJSON() ([]byte, error) {
 		Ratio    fixed2     `json:"ratio"`
 		Note     string     `json:"note"`
 		Err      string     `json:"error,omitempty"`
+		MinGapMS fixed2     `json:"min_gap_ms"`
+		Pool     *PoolUse   `json:"pool,omitempty"`
 	}{
 		Name: r.Name, Level: r.Level, Runs: r.Runs,
 		MinMS: ms(r.Min), MedianMS: ms(r.Median), P90MS: ms(r.P90), MaxMS: ms(r.Max),
-		Ratio: fixed2(r.Ratio), Note: r.Note, Err: r.Err,
+		Ratio: fixed2(r.Ratio), Note: r.Note, Err: r.Err, MinGapMS: ms(r.MinGap), Pool: r.Pool,
 	})
 }
 
@@ -79,7 +110,8 @@ func (r *Report) Err() error {
 
 // WriteJSON writes the report as one indented JSON object,
 // {"rows":[{"name", "level", "runs", "min_ms", "median_ms", "p90_ms",
-// "max_ms", "ratio", "note"}, ...]}, followed by a newline.
+// "max_ms", "ratio", "note", "min_gap_ms", and "pool": {"size", "hits",
+// "misses"} for a sandbox's row}, ...]}, followed by a newline.
 func (r *Report) WriteJSON(w io.Writer) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
@@ -103,8 +135,12 @@ func (r *Report) WriteTable(w io.Writer) error {
 			fmt.Fprintf(tw, "%s\t%s\t%d\t-\t-\t-\t-\t-\tFAILED: %s\n", row.Name, level, row.Runs, row.Err)
 			continue
 		}
+		note := row.Note
+		if p := row.poolNote(); p != "" {
+			note = strings.TrimPrefix(note+"; "+p, "; ")
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%.2fx\t%s\n", row.Name, level, row.Runs,
-			formatMS(row.Min), formatMS(row.Median), formatMS(row.P90), formatMS(row.Max), row.Ratio, row.Note)
+			formatMS(row.Min), formatMS(row.Median), formatMS(row.P90), formatMS(row.Max), row.Ratio, note)
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("bench: write table: %w", err)

@@ -107,10 +107,13 @@ func TestRunStatsAndRatio(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []Row{
-		{Name: "python3", Runs: 4, Min: 8 * time.Millisecond, Median: 10500 * time.Microsecond, P90: 12 * time.Millisecond, Max: 12 * time.Millisecond, Ratio: 1, Note: "note of python3"},
-		{Name: "fast", Level: moat.LevelSubprocess, Runs: 4, Min: 12 * time.Millisecond, Median: 15500 * time.Microsecond, P90: 18 * time.Millisecond, Max: 18 * time.Millisecond, Ratio: 15.5 / 10.5, Note: "note of fast"},
-		{Name: "slow", Level: moat.LevelGVisor, Runs: 4, Min: 180 * time.Millisecond, Median: 220 * time.Millisecond, P90: 260 * time.Millisecond, Max: 260 * time.Millisecond, Ratio: 220 / 10.5, Note: "note of slow"},
+		{Name: "python3", Runs: 4, Min: 8 * time.Millisecond, Median: 10500 * time.Microsecond, P90: 12 * time.Millisecond, Max: 12 * time.Millisecond, Ratio: 1, Note: "note of python3", MinGap: 215 * time.Millisecond},
+		{Name: "fast", Level: moat.LevelSubprocess, Runs: 4, Min: 12 * time.Millisecond, Median: 15500 * time.Microsecond, P90: 18 * time.Millisecond, Max: 18 * time.Millisecond, Ratio: 15.5 / 10.5, Note: "note of fast", MinGap: 212 * time.Millisecond},
+		{Name: "slow", Level: moat.LevelGVisor, Runs: 4, Min: 180 * time.Millisecond, Median: 220 * time.Millisecond, P90: 260 * time.Millisecond, Max: 260 * time.Millisecond, Ratio: 220 / 10.5, Note: "note of slow", MinGap: 20 * time.Millisecond},
 	}
+	// MinGap: the least time between one run's end and the next run's
+	// start of the same row, the other rows' runs of the round between:
+	// python3's is fast's 15ms and slow's 200ms of the second round.
 	if !slices.Equal(rep.Rows, want) {
 		t.Errorf("rows:\n got %+v\nwant %+v", rep.Rows, want)
 	}
@@ -236,7 +239,7 @@ func TestWriteJSONShape(t *testing.T) {
 	if len(got.Rows) != 3 {
 		t.Fatalf("got %d rows, want 3: %s", len(got.Rows), buf.String())
 	}
-	fields := []string{"name", "level", "runs", "min_ms", "median_ms", "p90_ms", "max_ms", "ratio", "note"}
+	fields := []string{"name", "level", "runs", "min_ms", "median_ms", "p90_ms", "max_ms", "ratio", "note", "min_gap_ms"}
 	for i, row := range got.Rows {
 		keys := make([]string, 0, len(row))
 		for k := range row {
@@ -296,5 +299,42 @@ func TestWriteTable(t *testing.T) {
 	col := strings.Index(lines[0], "RATIO")
 	if strings.Index(lines[1], "1.00x") != col || strings.Index(lines[2], "1.31x") != col {
 		t.Errorf("columns not aligned:\n%s", buf.String())
+	}
+}
+
+// A row whose target has a pool says how many of its measured runs found
+// an instance ready: the warm-up's take is not counted.
+func TestRunPoolUse(t *testing.T) {
+	r := newRecorder()
+	var st moat.PoolStats
+	st.Size = 1
+	n := 0
+	pooled := r.target("pooled", moat.LevelSubprocess, msList(5, 5, 5, 5, 5), nil)
+	run := pooled.Run
+	pooled.Run = func(ctx context.Context) error {
+		// The first two runs (the warm-up and one measured) find one
+		// ready, the rest miss.
+		if n++; n <= 2 {
+			st.Hits++
+		} else {
+			st.Misses++
+		}
+		return run(ctx)
+	}
+	pooled.Pool = func() moat.PoolStats { return st }
+	rep, err := Run(context.Background(), Config{Runs: 4, now: r.clock.now}, r.target("base", "", msList(1), nil), pooled)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := rep.Rows[1].Pool, (&PoolUse{Size: 1, Hits: 1, Misses: 3}); got == nil || *got != *want {
+		t.Errorf("pool use %+v, want %+v", got, want)
+	}
+	if rep.Rows[0].Pool != nil {
+		t.Errorf("the baseline has a pool: %+v", rep.Rows[0].Pool)
+	}
+	var buf bytes.Buffer
+	rep.WriteTable(&buf)
+	if !strings.Contains(buf.String(), "pool of 1: 1/4 runs found one ready") {
+		t.Errorf("the table does not say the pool use:\n%s", buf.String())
 	}
 }

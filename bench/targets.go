@@ -35,9 +35,14 @@ const waitDelay = 2 * time.Second
 // result: no error, exit code 0, no Reason, and stdout exactly [Want]. The
 // row's level is sb.Level(). The caller keeps sb and closes it after [Run].
 func SandboxTarget(name string, sb moat.Sandbox) Target {
+	var pool func() moat.PoolStats
+	if pr, ok := sb.(moat.PoolReporter); ok {
+		pool = pr.PoolStats
+	}
 	return Target{
 		Name:  name,
 		Level: sb.Level(),
+		Pool:  pool,
 		Run: func(ctx context.Context) error {
 			res, err := sb.Run(ctx, moat.Request{Code: []byte(Code)})
 			if err != nil {

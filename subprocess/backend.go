@@ -27,8 +27,8 @@ import (
 // backend is the subprocess level under the engine (engine.Backend and
 // engine.SessionBackend): what New found out about the host, fixed for the
 // sandbox's life, and the prepared instances it hands the engine. An
-// instance is a helper started ahead of its run (helperproc.go); its Start
-// gives it the run (run.go).
+// instance is a run set up ahead, its python3 started and waiting for the
+// code (prestart.go); its Start gives it the code (run.go).
 type backend struct {
 	cfg     Config
 	limits  moat.Limits
@@ -48,8 +48,7 @@ type backend struct {
 	caPath    string          // with Config.Egress: the proxy's CA bundle (network.go)
 	notes     []string
 	log       *slog.Logger
-	// take is the engine's Sandbox.Take, set once the engine is made.
-	take func(context.Context) (engine.Instance, error)
+	spare     spare // a helper for a session's next run (spare.go)
 }
 
 var (
@@ -57,8 +56,10 @@ var (
 	_ engine.SessionBackend = (*backend)(nil)
 )
 
-// Prepare starts a helper that waits for the spec of one run; see
-// engine.Backend. Nothing of a run exists before its Start.
+// Prepare makes everything of one run but its code: its uid, working
+// directory, cgroup and egress run, and a helper that has its spec and has
+// started python3 under every restriction of the run, waiting for the
+// code (prestart.go); see engine.Backend.
 func (b *backend) Prepare(ctx context.Context) (engine.Instance, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -67,30 +68,20 @@ func (b *backend) Prepare(ctx context.Context) (engine.Instance, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &instance{b: b, h: h}, nil
-}
-
-// takeHelper returns a helper started ahead of runs from the engine's pool,
-// or starts one now.
-func (b *backend) takeHelper(ctx context.Context) (*helperProc, error) {
-	if b.take == nil {
-		return b.startHelper()
-	}
-	inst, err := b.take(ctx)
-	if err != nil {
+	in := &instance{b: b, h: h}
+	if err := in.setUp(); err != nil {
+		in.Discard()
 		return nil, err
 	}
-	in := inst.(*instance)
-	h := in.h
-	in.h = nil
-	in.Discard() // nothing is left of it
-	return h, nil
+	return in, nil
 }
 
-// Close removes the egress proxy's CA bundle, if any; every instance, run
-// and session has released its own by then, and the owner lock lasts as
-// long as this process.
+// Close ends the spare helper of sessions' runs and removes the egress
+// proxy's CA bundle, if any; every instance and run has released its own
+// by then (sessions keep what they hold), and the owner lock lasts as long
+// as this process.
 func (b *backend) Close() error {
+	b.closeSpare()
 	b.removeCA()
 	return nil
 }

@@ -71,6 +71,11 @@ type spec struct {
 	// Network selects seccomp's TCP variant (network.go): the run's
 	// namespace holds moat's egress listener.
 	Network bool `json:"net,omitempty"`
+	// Prestart says python3 starts now, before its code is known, and
+	// waits for the code's file name on its fd 3 (the helper's codeFD):
+	// Args run the bootstrap (prestart.go). The helper says "started" on
+	// its status pipe once python3 is forked.
+	Prestart bool `json:"pre,omitempty"`
 }
 
 type rlimit struct {
@@ -160,12 +165,21 @@ func helperMain() int {
 		Files: []uintptr{0, 1, 2},
 		Sys:   &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL},
 	}
+	if sp.Prestart {
+		attr.Files = append(attr.Files, codeFD)
+	}
 	if sp.UID >= 0 {
 		attr.Sys.Credential = &syscall.Credential{Uid: uint32(sp.UID), Gid: uint32(sp.GID), Groups: []uint32{}}
 	}
 	pid, err := startPython(sp, attr)
 	if err != nil {
 		return fail("start "+sp.Python, err)
+	}
+	if sp.Prestart {
+		// python3 holds the code pipe now; the helper's own end would
+		// keep it open if python3 died.
+		syscall.Close(codeFD)
+		fmt.Fprintf(status, "started\n")
 	}
 	// python3, forked above, keeps the default OOM score; the helper, which
 	// is in the run's memory cgroup too, steps out of the OOM killer's way
@@ -287,7 +301,7 @@ type helperStatus struct {
 }
 
 func parseStatus(b []byte) (helperStatus, bool) {
-	line := strings.TrimSpace(string(b))
+	line := strings.TrimSpace(strings.TrimPrefix(string(b), "started\n"))
 	if line == "" {
 		return helperStatus{}, false
 	}

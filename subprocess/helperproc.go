@@ -19,13 +19,19 @@ import (
 // run's cgroups, takes its limits, its uid and its restrictions only once it
 // has the spec (helper.go).
 
-// specFD is the pipe on which a helper receives its spec.
-const specFD = 4
+// specFD is the pipe on which a helper receives its spec, and codeFD the
+// one it passes on to a pre-started python3 (its fd 3), on which moat
+// sends the code's file name.
+const (
+	specFD = 4
+	codeFD = 5
+)
 
 // helperProc is a started helper waiting for its spec.
 type helperProc struct {
 	cmd    *exec.Cmd
 	spec   *os.File // write end of the helper's fd 4
+	code   *os.File // write end of the helper's fd 5
 	status *os.File // read end of the helper's fd 3
 	stdout *os.File // read end of python3's stdout
 	stderr *os.File // read end of python3's stderr
@@ -37,8 +43,8 @@ type helperProc struct {
 
 // startHelper starts a helper that waits for its spec.
 func (b *backend) startHelper() (*helperProc, error) {
-	var files [8]*os.File // r/w pairs: spec, status, stdout, stderr
-	for i := 0; i < 8; i += 2 {
+	var files [10]*os.File // r/w pairs: spec, status, stdout, stderr, code
+	for i := 0; i < len(files); i += 2 {
 		r, w, err := os.Pipe()
 		if err != nil {
 			closeAll(files[:i])
@@ -50,18 +56,19 @@ func (b *backend) startHelper() (*helperProc, error) {
 	statusR, statusW := files[2], files[3]
 	outR, outW := files[4], files[5]
 	errR, errW := files[6], files[7]
+	codeR, codeW := files[8], files[9]
 
 	cmd := b.helperCmd()
 	cmd.Stdout, cmd.Stderr = outW, errW
-	cmd.ExtraFiles = []*os.File{statusW, specR} // fds 3 and 4
+	cmd.ExtraFiles = []*os.File{statusW, specR, codeR} // fds 3, 4 and 5
 	err := cmd.Start()
 	// The helper holds its ends now; ours would keep the pipes open.
-	closeAll([]*os.File{specR, statusW, outW, errW})
+	closeAll([]*os.File{specR, statusW, outW, errW, codeR})
 	if err != nil {
-		closeAll([]*os.File{specW, statusR, outR, errR})
+		closeAll([]*os.File{specW, statusR, outR, errR, codeW})
 		return nil, unavailable("cannot start the sandbox helper", "", err)
 	}
-	h := &helperProc{cmd: cmd, spec: specW, status: statusR, stdout: outR, stderr: errR}
+	h := &helperProc{cmd: cmd, spec: specW, status: statusR, stdout: outR, stderr: errR, code: codeW}
 	if b.cfg.Egress != nil {
 		// Placed now, before the helper is given any run: the pid is
 		// our child's, not yet waited for, so it names this helper.
@@ -118,7 +125,7 @@ func (h *helperProc) discard() {
 }
 
 func (h *helperProc) closeFiles() {
-	closeAll([]*os.File{h.spec, h.status, h.stdout, h.stderr})
+	closeAll([]*os.File{h.spec, h.status, h.stdout, h.stderr, h.code})
 	if h.listener != nil {
 		h.listener.Close()
 	}

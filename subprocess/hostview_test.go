@@ -310,7 +310,9 @@ func TestUIDLeasesAcrossRunDirs(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { os.RemoveAll(dir) })
-		sb, err := subprocess.New(subprocess.Config{RunDir: dir, UIDFirst: first, UIDCount: 1})
+		// No pool: a prepared run holds its uid from its preparation,
+		// and the one uid is for the runs the test makes.
+		sb, err := subprocess.New(subprocess.Config{RunDir: dir, UIDFirst: first, UIDCount: 1, Warm: -1})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -362,7 +362,9 @@ func newProxy(t *testing.T) *egress.Proxy {
 
 func newEgressSandbox(t *testing.T, p *egress.Proxy) *subprocess.Sandbox {
 	t.Helper()
-	sb, err := subprocess.New(subprocess.Config{Egress: p})
+	// No pool: a prepared instance serves its listener from before its
+	// run, and the tests count one listener per run.
+	sb, err := subprocess.New(subprocess.Config{Egress: p, Warm: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -153,7 +153,9 @@ func TestReviewRootFailsClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(runDir)
-	sb, err := subprocess.New(subprocess.Config{RunDir: runDir})
+	// No pool: an instance prepared before the mount point went was
+	// set up whole, and would run soundly.
+	sb, err := subprocess.New(subprocess.Config{RunDir: runDir, Warm: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,13 +26,14 @@ import (
 
 // A one-shot run.
 //
-// The engine takes a prepared instance, a helper waiting for its spec, and
-// calls its Start with the code. Start leases the run's uid, makes its
-// working directory (a tmpfs of the disk limit) with the code in a file and
-// its cgroup, and hands the helper the spec: from then on the helper is the
-// run's, the init (PID 1) of its PID namespace, so that killing it kills
-// every process of the run. Wait gathers the evidence of the run's end
-// (evidence.go); Discard removes everything of it.
+// The engine takes a prepared instance and calls its Start with the code.
+// Prepare (setUp) leased the run's uid, made its working directory (a tmpfs
+// of the disk limit) and its cgroup, and handed a helper the spec: the
+// helper is the run's, the init (PID 1) of its PID namespace, so that
+// killing it kills every process of the run, and python3 has started under
+// the run's restrictions, waiting (prestart.go). Start writes the code in
+// a file and hands python3 its name. Wait gathers the evidence of the
+// run's end (evidence.go); Discard removes everything of it.
 
 // instance is a prepared helper and, once started, the run it serves; see
 // engine.Instance.
@@ -40,11 +41,12 @@ type instance struct {
 	b *backend
 	h *helperProc // until Start hands it to the run's process
 
-	id      string
-	dir     string
-	mounted bool
-	lease   *uidpool.Lease
-	group   *cgroup.Group
+	id       string
+	dir      string
+	uid, gid int // the run's, or -1 without strict hardening
+	mounted  bool
+	lease    *uidpool.Lease
+	group    *cgroup.Group
 	// net serves the run's connections to the egress proxy (network.go),
 	// from Start; nil without Config.Egress.
 	net *egress.Run
@@ -62,34 +64,63 @@ func (b *backend) newID() string {
 // carry NUL bytes, and stdin is the code's own, empty.
 const codeName = ".moat-main.py"
 
-// Start makes the run's uid, directory and cgroup and hands the helper its
-// spec; see engine.Instance.
+// setUp makes the run's uid, directory and cgroup (and egress run), hands
+// the helper its spec and waits for it to say python3 has started: the
+// instance then waits for nothing but its code.
+func (in *instance) setUp() error {
+	b, lim := in.b, in.b.limits
+	in.id = b.newID()
+	in.uid, in.gid = -1, -1
+	if b.strict {
+		lease, err := b.uids.Acquire()
+		if err != nil {
+			return fmt.Errorf("subprocess: %w", err)
+		}
+		in.lease = lease
+		in.uid, in.gid = lease.UID, lease.UID
+	}
+	in.dir = filepath.Join(b.runsDir, in.id)
+	if err := os.Mkdir(in.dir, 0o700); err != nil {
+		return fmt.Errorf("subprocess: %w", err)
+	}
+	if b.strict {
+		if err := mountWorkDir(in.dir, lim.Disk, in.uid, in.gid); err != nil {
+			return err
+		}
+		in.mounted = true
+		group, err := b.cg.New(in.id, cgroup.Limits{Memory: int64(lim.Memory), Pids: int64(lim.Pids)})
+		if err != nil {
+			return unavailable("cannot create the run's cgroup", "", err)
+		}
+		in.group = group
+	}
+	sp := b.runSpec(in.dir, in.uid, in.gid, in.group, prestartArgs(filepath.Join(in.dir, codeName)))
+	sp.Prestart = true
+	if b.cfg.Egress != nil {
+		in.net = b.cfg.Egress.NewRun()
+		go serve(b, in.net, in.h.listener)
+		b.withNetwork(&sp, in.net)
+	}
+	arg, err := json.Marshal(sp)
+	if err != nil {
+		return fmt.Errorf("subprocess: %w", err)
+	}
+	_, err = in.h.spec.Write(arg)
+	in.h.spec.Close()
+	if err != nil {
+		return fmt.Errorf("%w: %v", errHelperGone, err)
+	}
+	return in.h.awaitStarted()
+}
+
+// Start writes the code into the run's directory and hands it to the
+// python3 that waits for it; see engine.Instance.
 func (in *instance) Start(ctx context.Context, code []byte, stdout, stderr io.Writer) (engine.Process, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	b, lim := in.b, in.b.limits
-	in.id = b.newID()
-	uid, gid := -1, -1
-	if b.strict {
-		lease, err := b.uids.Acquire()
-		if err != nil {
-			return nil, fmt.Errorf("subprocess: %w", err)
-		}
-		in.lease = lease
-		uid, gid = lease.UID, lease.UID
-	}
-	in.dir = filepath.Join(b.runsDir, in.id)
-	if err := os.Mkdir(in.dir, 0o700); err != nil {
-		return nil, fmt.Errorf("subprocess: %w", err)
-	}
-	if b.strict {
-		if err := mountWorkDir(in.dir, lim.Disk, uid, gid); err != nil {
-			return nil, err
-		}
-		in.mounted = true
-	}
-	if err := writeNewFile(in.dir, codeName, code, uid, gid); err != nil {
+	if err := writeNewFile(in.dir, codeName, code, in.uid, in.gid); err != nil {
 		if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EFBIG) {
 			return nil, fmt.Errorf("subprocess: code of %d bytes does not fit in the %v working directory: %w", len(code), lim.Disk, moat.ErrInvalid)
 		}
@@ -101,28 +132,18 @@ func (in *instance) Start(ctx context.Context, code []byte, stdout, stderr io.Wr
 		// run's, and no walk is needed on the run's path otherwise.
 		atStart = filesAtLimit(in.dir, lim.FileSize)
 	}
-	if b.strict {
-		group, err := b.cg.New(in.id, cgroup.Limits{Memory: int64(lim.Memory), Pids: int64(lim.Pids)})
-		if err != nil {
-			return nil, unavailable("cannot create the run's cgroup", "", err)
-		}
-		in.group = group
-	}
-	sp := b.runSpec(in.dir, uid, gid, in.group, []string{"python3", filepath.Join(in.dir, codeName)})
-	if b.cfg.Egress != nil {
-		in.net = b.cfg.Egress.NewRun()
-		go serve(b, in.net, in.h.listener)
-		b.withNetwork(&sp, in.net)
-	}
 	p := &process{b: b, h: in.h, group: in.group, dir: in.dir, mounted: in.mounted, atStart: atStart, net: in.net}
 	in.h = nil // the process's now, started or discarded
-	err := p.launch(sp, stdout, stderr)
-	if errors.Is(err, errHelperGone) {
-		// It died while it waited in the pool: the engine retries once
-		// on a fresh one.
-		return nil, fmt.Errorf("%w (%w)", err, engine.ErrStale)
-	}
-	if err != nil {
+	p.watch(stdout, stderr)
+	if err := p.h.sendCode(filepath.Join(in.dir, codeName)); err != nil {
+		p.h.discard()
+		<-p.copied
+		<-p.copied
+		if errors.Is(err, errHelperGone) {
+			// It died while it waited in the pool: the engine retries
+			// once on a fresh one.
+			return nil, fmt.Errorf("%w (%w)", err, engine.ErrStale)
+		}
 		return nil, err
 	}
 	return p, nil
@@ -286,10 +307,7 @@ func (p *process) launch(sp spec, stdout, stderr io.Writer) error {
 		p.h.discard()
 		return fmt.Errorf("subprocess: %w", err)
 	}
-	p.stderrTail.n = 4096
-	p.copied = make(chan struct{}, 2)
-	go func() { io.Copy(stdout, p.h.stdout); p.copied <- struct{}{} }()
-	go func() { io.Copy(io.MultiWriter(stderr, &p.stderrTail), p.h.stderr); p.copied <- struct{}{} }()
+	p.watch(stdout, stderr)
 	_, err = p.h.spec.Write(arg)
 	p.h.spec.Close()
 	if err != nil {
@@ -298,13 +316,23 @@ func (p *process) launch(sp spec, stdout, stderr io.Writer) error {
 		<-p.copied
 		return fmt.Errorf("%w: %v", errHelperGone, err)
 	}
+	return nil
+}
+
+// watch passes the helper's output on to stdout and stderr and starts the
+// CPU watch.
+func (p *process) watch(stdout, stderr io.Writer) {
+	p.stderrTail.n = 4096
+	p.copied = make(chan struct{}, 2)
+	go func() { io.Copy(stdout, p.h.stdout); p.copied <- struct{}{} }()
+	go func() { io.Copy(io.MultiWriter(stderr, &p.stderrTail), p.h.stderr); p.copied <- struct{}{} }()
 	p.stopCPU = func() {}
 	if p.group != nil {
 		// RLIMIT_CPU bounds each process; the cgroup's account bounds the
-		// run as a whole, children included.
+		// run as a whole, children included. What python3 spent starting,
+		// before the run, counts (prestart.go).
 		p.stopCPU = p.group.WatchCPU(0, time.Duration(p.b.limits.CPUTime), func() { p.h.cmd.Process.Kill() }, &p.cpuOver)
 	}
-	return nil
 }
 
 // Kill kills the helper, init of the run's PID namespace, and with it every

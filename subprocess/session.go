@@ -268,9 +268,9 @@ func (r *sessionRun) Wait() (engine.Evidence, error) {
 	return r.Process.Wait()
 }
 
-// startPlain starts a run under a fresh helper (one the engine's pool
-// started ahead, as for a one-shot run) and python3, through the same path
-// as a one-shot run, in the session's directory and under its uid.
+// startPlain starts a run under a fresh helper and python3, through the
+// same path as a one-shot run, in the session's directory and under its
+// uid, its helper the backend's spare (spare.go).
 func (ss *session) startPlain(ctx context.Context, code []byte, stdout, stderr io.Writer) (engine.Process, error) {
 	b, lim := ss.b, ss.b.limits
 	uid, gid := ss.uid()
@@ -318,7 +318,7 @@ func (ss *session) startPlain(ctx context.Context, code []byte, stdout, stderr i
 		p.net = ss.net
 	}
 	for attempt := 0; ; attempt++ {
-		h, err := b.takeHelper(ctx)
+		h, err := b.sessionHelper()
 		if err != nil {
 			p.release()
 			return nil, err

@@ -23,7 +23,9 @@ import (
 func newSession(t *testing.T, l moat.Limits, opts moat.SessionOptions) (*subprocess.Sandbox, *subprocess.Session) {
 	t.Helper()
 	requireRoot(t)
-	sb, err := subprocess.New(subprocess.Config{Limits: l})
+	// No pool: its prepared one-shot runs (a cgroup, a uid, a python3
+	// each) are no session's, and the tests count what is left of these.
+	sb, err := subprocess.New(subprocess.Config{Limits: l, Warm: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -208,7 +208,6 @@ func New(cfg Config) (*Sandbox, error) {
 		b.removeCA()
 		return nil, err
 	}
-	b.take = es.Take // a session's runs too take a helper started ahead
 	return &Sandbox{Sandbox: es, b: b}, nil
 }
 

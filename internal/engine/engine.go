@@ -71,7 +71,10 @@ type Sandbox struct {
 	runs   sync.WaitGroup
 }
 
-var _ moat.Sandbox = (*Sandbox)(nil)
+var (
+	_ moat.Sandbox      = (*Sandbox)(nil)
+	_ moat.PoolReporter = (*Sandbox)(nil)
+)
 
 // New returns the engine over b. It starts preparing Config.Warm instances
 // in the background.
@@ -113,6 +116,10 @@ func (s *Sandbox) Backend() Backend { return s.b }
 // spec), so that session runs too find one ready. The caller discards it.
 // It is safe for concurrent use, also after Close, when it prepares one.
 func (s *Sandbox) Take(ctx context.Context) (Instance, error) { return s.pool.take(ctx) }
+
+// PoolStats says how the pool of prepared instances has served runs; see
+// moat.PoolReporter.
+func (s *Sandbox) PoolStats() moat.PoolStats { return s.pool.stats() }
 
 // Close makes later runs fail with moat.ErrClosed, and so the runs still
 // waiting for a MaxRuns slot, waits for the runs in progress, discards the

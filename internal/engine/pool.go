@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/moatsandbox/moat"
@@ -21,6 +22,10 @@ type pool struct {
 
 	// refillAfter: take does not wake the refill; the run's end does.
 	refillAfter bool
+
+	// hits and misses count takes that found a prepared instance and
+	// those that prepared their own.
+	hits, misses atomic.Int64
 
 	ready  chan Instance
 	wake   chan struct{}
@@ -56,16 +61,23 @@ func (p *pool) poke() {
 func (p *pool) take(ctx context.Context) (Instance, error) {
 	select {
 	case inst := <-p.ready:
+		p.hits.Add(1)
 		if !p.refillAfter {
 			p.poke()
 		}
 		return inst, nil
 	default:
 	}
+	p.misses.Add(1)
 	if !p.refillAfter {
 		p.poke()
 	}
 	return p.b.Prepare(ctx)
+}
+
+// stats says how the pool has served takes.
+func (p *pool) stats() moat.PoolStats {
+	return moat.PoolStats{Size: p.n, Ready: len(p.ready), Hits: p.hits.Load(), Misses: p.misses.Load()}
 }
 
 func (p *pool) fill() {

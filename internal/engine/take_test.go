@@ -52,4 +52,8 @@ func TestTakeComesFromThePool(t *testing.T) {
 	if n := b.forCaller.Load(); n != 1 {
 		t.Errorf("after Close, Take prepared %d instances on the caller's path, want 1", n)
 	}
+	// One take found an instance ready, one prepared its own.
+	if st := s.PoolStats(); st.Size != 1 || st.Hits != 1 || st.Misses != 1 || st.Ready != 0 {
+		t.Errorf("pool stats %+v, want size 1, 1 hit, 1 miss, none ready after Close", st)
+	}
 }
