@@ -111,6 +111,13 @@ func TestLoad(t *testing.T) {
 	if v := metric(t, ts, `moat_runs_total{level="subprocess",reason="none"}`); int(v) != len(lat) {
 		t.Errorf("the server counted %v runs, the clients %d", v, len(lat))
 	}
+	// Every run that got a slot took a prepared instance or made its own.
+	hits := metric(t, ts, `moat_pool_hits_total{level="subprocess",profile=""}`)
+	misses := metric(t, ts, `moat_pool_misses_total{level="subprocess",profile=""}`)
+	t.Logf("pool: %v hits, %v misses", hits, misses)
+	if int(hits+misses) != len(lat) || metric(t, ts, `moat_pool_size{level="subprocess",profile=""}`) < 1 {
+		t.Errorf("the pool served %v+%v runs, the clients saw %d", hits, misses, len(lat))
+	}
 }
 
 func envInt(name string, def int) int {

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"github.com/moatsandbox/moat"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -105,5 +106,53 @@ func (m *metrics) registerStates(count func(state string) int) {
 			Help:        "Sessions held, by state: running, suspended (on disk, nothing running), broken (state refused on resume).",
 			ConstLabels: prometheus.Labels{"state": st},
 		}, func() float64 { return float64(count(st)) }))
+	}
+}
+
+// poolCollector reports the pools of prepared instances of the sandboxes
+// the server serves (moat.PoolReporter), by level and network profile
+// (empty for the sandboxes without one), read when scraped.
+type poolCollector struct {
+	sandboxes                 map[[2]string]moat.PoolReporter // {level, profile}
+	size, ready, hits, misses *prometheus.Desc
+}
+
+func newPoolCollector(cfg Config) *poolCollector {
+	c := &poolCollector{sandboxes: map[[2]string]moat.PoolReporter{}}
+	labels := []string{"level", "profile"}
+	c.size = prometheus.NewDesc("moat_pool_size", "Instances a level's pool keeps prepared ahead of runs (a python3 started under the run's restrictions, a container, a gVisor sandbox, a VM restored).", labels, nil)
+	c.ready = prometheus.NewDesc("moat_pool_ready", "Instances prepared and waiting now.", labels, nil)
+	c.hits = prometheus.NewDesc("moat_pool_hits_total", "Runs that took a prepared instance.", labels, nil)
+	c.misses = prometheus.NewDesc("moat_pool_misses_total", "Runs that found none ready and prepared their own on their path.", labels, nil)
+	add := func(level moat.Level, profile string, sb moat.Sandbox) {
+		if pr, ok := sb.(moat.PoolReporter); ok {
+			c.sandboxes[[2]string{string(level), profile}] = pr
+		}
+	}
+	for l, sb := range cfg.Sandboxes {
+		add(l, "", sb)
+	}
+	for p, m := range cfg.Profiles {
+		for l, sb := range m {
+			add(l, p, sb)
+		}
+	}
+	return c
+}
+
+func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.size
+	ch <- c.ready
+	ch <- c.hits
+	ch <- c.misses
+}
+
+func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
+	for k, pr := range c.sandboxes {
+		st := pr.PoolStats()
+		ch <- prometheus.MustNewConstMetric(c.size, prometheus.GaugeValue, float64(st.Size), k[0], k[1])
+		ch <- prometheus.MustNewConstMetric(c.ready, prometheus.GaugeValue, float64(st.Ready), k[0], k[1])
+		ch <- prometheus.MustNewConstMetric(c.hits, prometheus.CounterValue, float64(st.Hits), k[0], k[1])
+		ch <- prometheus.MustNewConstMetric(c.misses, prometheus.CounterValue, float64(st.Misses), k[0], k[1])
 	}
 }

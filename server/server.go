@@ -145,6 +145,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.metrics.registerStates(s.countState)
+	s.metrics.reg.MustRegister(newPoolCollector(cfg))
 	s.handler = s.routes()
 	go s.sweep()
 	return s, nil

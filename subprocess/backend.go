@@ -101,7 +101,12 @@ var rwFiles = []string{"/dev/null", "/dev/zero", "/dev/full"}
 
 // details lists the protections Check found, for moat doctor.
 func (b *backend) details() []string {
-	d := []string{"python: " + b.python, "hardening: " + string(b.cfg.Hardening)}
+	warm := b.cfg.Warm
+	if warm == 0 {
+		warm = engine.DefaultWarm
+	}
+	pool := fmt.Sprintf("pool: %d runs set up ahead, each with python3 started under the run's restrictions, waiting for its code", max(warm, 0))
+	d := []string{"python: " + b.python, "hardening: " + string(b.cfg.Hardening), pool}
 	if b.strict {
 		abi, _ := llsys.LandlockGetABIVersion()
 		d = append(d,

@@ -125,9 +125,10 @@ type Config struct {
 	// default limits). Sessions without an interpreter leave nothing
 	// running between runs and are bounded per run only.
 	SessionCPUTime moat.Duration `json:"session_cpu_time,omitempty"`
-	// Warm is how many helpers are kept started ahead of runs, each
-	// waiting, idle and unconfined, for the spec of one run: zero means
-	// one, -1 none, at most 16 (engine.Config.Warm).
+	// Warm is how many runs are kept set up ahead of their code, each its
+	// uid, working directory, cgroup and a python3 started under all the
+	// run's restrictions, waiting for the code (about 10 MiB of memory
+	// each): zero means one, -1 none, at most 16 (engine.Config.Warm).
 	Warm int `json:"warm,omitempty"`
 	// Logger receives a line per run at debug level and set-up facts at
 	// info level. Nil means discard.
