@@ -185,6 +185,7 @@ func Run(ctx context.Context, cfg Config, baseline Target, targets ...Target) (*
 		} else {
 			row.setStats(samples[i])
 		}
+		row.Samples = samples[i]
 		if len(gaps[i]) > 0 {
 			row.MinGap = summarize(gaps[i]).Min
 		}

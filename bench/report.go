@@ -37,6 +37,8 @@ type Row struct {
 	// Pool says how the row's measured runs found the sandbox's pool, or
 	// is nil for a target without one (the baseline, a command).
 	Pool *PoolUse
+	// Samples are the measured runs' times, in the order they ran.
+	Samples []time.Duration
 }
 
 // PoolUse is what a row's measured runs found in its sandbox's pool of
@@ -83,11 +85,21 @@ func (r Row) MarshalJSON() ([]byte, error) {
 		Err      string     `json:"error,omitempty"`
 		MinGapMS fixed2     `json:"min_gap_ms"`
 		Pool     *PoolUse   `json:"pool,omitempty"`
+		Samples  []fixed2   `json:"samples_ms"`
 	}{
 		Name: r.Name, Level: r.Level, Runs: r.Runs,
 		MinMS: ms(r.Min), MedianMS: ms(r.Median), P90MS: ms(r.P90), MaxMS: ms(r.Max),
 		Ratio: fixed2(r.Ratio), Note: r.Note, Err: r.Err, MinGapMS: ms(r.MinGap), Pool: r.Pool,
+		Samples: samplesMS(r.Samples),
 	})
+}
+
+func samplesMS(ds []time.Duration) []fixed2 {
+	out := make([]fixed2, len(ds))
+	for i, d := range ds {
+		out[i] = ms(d)
+	}
+	return out
 }
 
 // Report is the outcome of a [Run]: one row per target, the baseline first.
@@ -110,8 +122,9 @@ func (r *Report) Err() error {
 
 // WriteJSON writes the report as one indented JSON object,
 // {"rows":[{"name", "level", "runs", "min_ms", "median_ms", "p90_ms",
-// "max_ms", "ratio", "note", "min_gap_ms", and "pool": {"size", "hits",
-// "misses"} for a sandbox's row}, ...]}, followed by a newline.
+// "max_ms", "ratio", "note", "min_gap_ms", "samples_ms" (every measured
+// run), and "pool": {"size", "hits", "misses"} for a sandbox's row}, ...]},
+// followed by a newline.
 func (r *Report) WriteJSON(w io.Writer) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

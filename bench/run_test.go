@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -107,14 +108,14 @@ func TestRunStatsAndRatio(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []Row{
-		{Name: "python3", Runs: 4, Min: 8 * time.Millisecond, Median: 10500 * time.Microsecond, P90: 12 * time.Millisecond, Max: 12 * time.Millisecond, Ratio: 1, Note: "note of python3", MinGap: 215 * time.Millisecond},
-		{Name: "fast", Level: moat.LevelSubprocess, Runs: 4, Min: 12 * time.Millisecond, Median: 15500 * time.Microsecond, P90: 18 * time.Millisecond, Max: 18 * time.Millisecond, Ratio: 15.5 / 10.5, Note: "note of fast", MinGap: 212 * time.Millisecond},
-		{Name: "slow", Level: moat.LevelGVisor, Runs: 4, Min: 180 * time.Millisecond, Median: 220 * time.Millisecond, P90: 260 * time.Millisecond, Max: 260 * time.Millisecond, Ratio: 220 / 10.5, Note: "note of slow", MinGap: 20 * time.Millisecond},
+		{Name: "python3", Runs: 4, Min: 8 * time.Millisecond, Median: 10500 * time.Microsecond, P90: 12 * time.Millisecond, Max: 12 * time.Millisecond, Ratio: 1, Note: "note of python3", MinGap: 215 * time.Millisecond, Samples: msList(10, 12, 8, 11)},
+		{Name: "fast", Level: moat.LevelSubprocess, Runs: 4, Min: 12 * time.Millisecond, Median: 15500 * time.Microsecond, P90: 18 * time.Millisecond, Max: 18 * time.Millisecond, Ratio: 15.5 / 10.5, Note: "note of fast", MinGap: 212 * time.Millisecond, Samples: msList(15, 18, 12, 16)},
+		{Name: "slow", Level: moat.LevelGVisor, Runs: 4, Min: 180 * time.Millisecond, Median: 220 * time.Millisecond, P90: 260 * time.Millisecond, Max: 260 * time.Millisecond, Ratio: 220 / 10.5, Note: "note of slow", MinGap: 20 * time.Millisecond, Samples: msList(200, 260, 240, 180)},
 	}
 	// MinGap: the least time between one run's end and the next run's
 	// start of the same row, the other rows' runs of the round between:
 	// python3's is fast's 15ms and slow's 200ms of the second round.
-	if !slices.Equal(rep.Rows, want) {
+	if !reflect.DeepEqual(rep.Rows, want) {
 		t.Errorf("rows:\n got %+v\nwant %+v", rep.Rows, want)
 	}
 	if err := rep.Err(); err != nil {
@@ -239,7 +240,7 @@ func TestWriteJSONShape(t *testing.T) {
 	if len(got.Rows) != 3 {
 		t.Fatalf("got %d rows, want 3: %s", len(got.Rows), buf.String())
 	}
-	fields := []string{"name", "level", "runs", "min_ms", "median_ms", "p90_ms", "max_ms", "ratio", "note", "min_gap_ms"}
+	fields := []string{"name", "level", "runs", "min_ms", "median_ms", "p90_ms", "max_ms", "ratio", "note", "min_gap_ms", "samples_ms"}
 	for i, row := range got.Rows {
 		keys := make([]string, 0, len(row))
 		for k := range row {

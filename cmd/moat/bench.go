@@ -1,17 +1,24 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"runtime/debug"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/bench"
 	"github.com/moatsandbox/moat/container"
 	"github.com/moatsandbox/moat/microvm"
+	"golang.org/x/sys/unix"
 )
 
 func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
@@ -29,6 +36,7 @@ func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
 	clients := fs.Int("clients", 8, "concurrent clients of --sustained")
 	duration := fs.Duration("duration", 10*time.Second, "how long --sustained loads each row")
 	egressN := fs.Int("egress", 0, "instead of run latency, time this many small fetches (and one of 64MiB) over loopback directly and through moat's egress proxy")
+	htmlFile := fs.String("html", "", "also write one self-contained HTML page to this file: the latency table and a chart of every run, then the --sustained table (--clients, --duration), and the machine")
 	if code, ok := parseFlags(fs, args, stdio); !ok {
 		return code
 	}
@@ -76,6 +84,21 @@ func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
 	if modes > 1 {
 		return exitFor(stdio, fmt.Errorf("give one of --idle, --suspend, --egress, --forks and --sustained at a time: %w", moat.ErrInvalid))
 	}
+	if *htmlFile != "" {
+		if modes > 0 {
+			return exitFor(stdio, fmt.Errorf("--html measures the latency and the sustained tables itself: give it without --idle, --suspend, --egress, --forks or --sustained: %w", moat.ErrInvalid))
+		}
+		if *clients <= 0 || *duration <= 0 {
+			return exitFor(stdio, fmt.Errorf("--clients %d and --duration %v must be positive: %w", *clients, *duration, moat.ErrInvalid))
+		}
+		// Checked before anything is measured: a page that cannot be
+		// written loses nothing.
+		f, err := os.OpenFile(*htmlFile, os.O_WRONLY|os.O_CREATE, 0o644)
+		if err != nil {
+			return exitFor(stdio, fmt.Errorf("--html: %w: %w", err, moat.ErrInvalid))
+		}
+		f.Close()
+	}
 	if *forksN > 0 {
 		return benchForks(ctx, fc, lvls, *forksN, *asJSON, stdio, &opened)
 	}
@@ -88,6 +111,9 @@ func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
 	if *idle > 0 {
 		return benchIdle(ctx, fc, lvls, *idle, *asJSON, stdio, &opened)
 	}
+	// loadTargets are the rows of a sustained table: a fresh instance
+	// per run at each level (and the docker CLI at container).
+	var loadTargets []bench.Target
 	for _, l := range lvls {
 		sb, err := openLevel(ctx, fc, l)
 		if err != nil {
@@ -99,6 +125,7 @@ func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
 			t.Note = d.Describe()
 		}
 		targets = append(targets, t)
+		loadTargets = append(loadTargets, t)
 		if *sustained {
 			// Under load every row is a fresh instance per run: one
 			// session's runs take turns, and a cold VM per run is the
@@ -122,6 +149,9 @@ func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
 			return exitFor(stdio, err)
 		}
 		targets = append(targets, extra...)
+		if l == moat.LevelContainer {
+			loadTargets = append(loadTargets, extra...)
+		}
 	}
 	if *sustained {
 		return benchSustained(ctx, *clients, *duration, bench.PythonTarget(python), targets, *asJSON, stdio)
@@ -137,6 +167,11 @@ func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
 	}
 	if err != nil {
 		return exitFor(stdio, err)
+	}
+	if *htmlFile != "" {
+		if code := benchHTML(ctx, *htmlFile, rep, *clients, *duration, bench.PythonTarget(python), loadTargets, python, stdio); code != exitOK {
+			return code
+		}
 	}
 	if rep.Err() != nil {
 		return exitFailure
@@ -410,4 +445,76 @@ func benchEgress(ctx context.Context, n int, asJSON bool, stdio Stdio) int {
 	fmt.Fprintf(stdio.Out, "%-26s %9.0f MB/s %7.0f MB/s %9.2fx\n", fmt.Sprintf("%d MiB fetch", c.Bytes>>20), c.DirectMBps, c.ProxiedMBps, c.ProxiedMBps/c.DirectMBps)
 	fmt.Fprintf(stdio.Out, "the proxy adds %s per request (a new connection each)\n", ms(c.Added))
 	return exitOK
+}
+
+// benchHTML runs the sustained table and writes the page of it and of rep.
+func benchHTML(ctx context.Context, file string, rep *bench.Report, clients int, d time.Duration, baseline bench.Target, targets []bench.Target, python string, stdio Stdio) int {
+	fmt.Fprintf(stdio.Err, "bench: --html: %d clients for %v on each of %d rows\n", clients, d, len(targets)+1)
+	rows, err := bench.MeasureSustained(ctx, clients, d, baseline, targets...)
+	if err != nil {
+		return exitFor(stdio, err)
+	}
+	page := bench.Page{Latency: rep, Sustained: rows, Machine: describeMachine(ctx, python)}
+	for _, r := range rep.Rows {
+		if r.Level != "" && r.Note != "" && r.Name == string(r.Level) {
+			page.Machine.Notes = append(page.Machine.Notes, r.Name+": "+r.Note)
+		}
+	}
+	var buf bytes.Buffer
+	if err := bench.WriteHTML(&buf, page); err != nil {
+		return exitFor(stdio, err)
+	}
+	if err := os.WriteFile(file, buf.Bytes(), 0o644); err != nil {
+		return exitFor(stdio, fmt.Errorf("--html: %w", err))
+	}
+	fmt.Fprintf(stdio.Err, "bench: wrote %s\n", file)
+	return exitOK
+}
+
+// describeMachine says where the figures were measured: cores, memory,
+// kernel and OS, and the versions of what the levels run, each read best
+// effort (a component that is not installed is left out).
+func describeMachine(ctx context.Context, python string) bench.Machine {
+	m := bench.Machine{When: time.Now().UTC(), Versions: map[string]string{"go": runtime.Version()}}
+	host := []string{fmt.Sprintf("%d cores", runtime.NumCPU())}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		var kb int64
+		fmt.Sscanf(string(b), "MemTotal: %d kB", &kb)
+		host = append(host, fmt.Sprintf("%.1f GiB", float64(kb)/(1<<20)))
+	}
+	var u unix.Utsname
+	if unix.Uname(&u) == nil {
+		host = append(host, "Linux "+unix.ByteSliceToString(u.Release[:]))
+	}
+	if b, err := os.ReadFile("/etc/os-release"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "PRETTY_NAME="); ok {
+				host = append(host, strings.Trim(v, `"`))
+			}
+		}
+	}
+	m.Host = strings.Join(host, ", ")
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		v := bi.Main.Version
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+				v = s.Value[:12]
+			}
+		}
+		m.Versions["moat"] = v
+	}
+	for name, argv := range map[string][]string{
+		"python3": {python, "--version"},
+		"docker":  {"docker", "version", "--format", "{{.Server.Version}}"},
+		"runsc":   {"runsc", "--version"},
+		"qemu":    {"qemu-system-x86_64", "--version"},
+	} {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		out, err := exec.CommandContext(cctx, argv[0], argv[1:]...).Output()
+		cancel()
+		if line, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n"); err == nil && line != "" {
+			m.Versions[name] = line
+		}
+	}
+	return m
 }
