@@ -295,6 +295,20 @@ func BenchmarkRun(b *testing.B) {
 	}
 }
 
+// BenchmarkWarm times the warm path: a run that finds its instance (a
+// python3 started under the run's restrictions) ready.
+func BenchmarkWarm(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("strict hardening needs root")
+	}
+	sb, err := subprocess.New(subprocess.Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sb.Close()
+	sandboxtest.BenchmarkWarm(b, sb)
+}
+
 func BenchmarkPython3Direct(b *testing.B) {
 	for b.Loop() {
 		cmd := exec.Command("/usr/bin/python3", "-c", "print(1)")
