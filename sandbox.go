@@ -84,9 +84,11 @@ type Sandbox interface {
 // (a helper with python3 started, a container, a gVisor sandbox, a VM
 // restored) has served them.
 type PoolStats struct {
-	// Size is how many instances the pool keeps prepared; zero means the
-	// sandbox keeps none.
+	// Size is how many instances the pool keeps prepared now; zero means
+	// the sandbox keeps none. It grows under a burst of runs that found
+	// none ready, up to Max, and shrinks back when they stop.
 	Size int `json:"size"`
+	Max  int `json:"max"`
 	// Ready is how many are prepared now.
 	Ready int `json:"ready"`
 	// Hits counts the runs that took a prepared instance, and Misses those

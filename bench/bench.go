@@ -191,7 +191,7 @@ func Run(ctx context.Context, cfg Config, baseline Target, targets ...Target) (*
 		}
 		if t.Pool != nil {
 			now := t.Pool()
-			row.Pool = &PoolUse{Size: now.Size, Hits: now.Hits - pools[i].Hits, Misses: now.Misses - pools[i].Misses}
+			row.Pool = &PoolUse{Size: now.Size, Max: now.Max, Hits: now.Hits - pools[i].Hits, Misses: now.Misses - pools[i].Misses}
 		}
 		rep.Rows[i] = row
 	}

@@ -46,6 +46,7 @@ type Row struct {
 // run's path (and are timed as such). Size is how many the pool keeps.
 type PoolUse struct {
 	Size   int   `json:"size"`
+	Max    int   `json:"max"`
 	Hits   int64 `json:"hits"`
 	Misses int64 `json:"misses"`
 }
@@ -58,8 +59,12 @@ func (r Row) poolNote() string {
 	if r.Pool.Size == 0 {
 		return "no pool"
 	}
-	return fmt.Sprintf("pool of %d: %d/%d runs found one ready (refill gap >= %sms)",
-		r.Pool.Size, r.Pool.Hits, r.Pool.Hits+r.Pool.Misses, formatMS(r.MinGap))
+	size := strconv.Itoa(r.Pool.Size)
+	if r.Pool.Max > r.Pool.Size {
+		size += fmt.Sprintf(" (up to %d)", r.Pool.Max)
+	}
+	return fmt.Sprintf("pool of %s: %d/%d runs found one ready (refill gap >= %sms)",
+		size, r.Pool.Hits, r.Pool.Hits+r.Pool.Misses, formatMS(r.MinGap))
 }
 
 func (r *Row) setStats(ds []time.Duration) {

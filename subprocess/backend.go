@@ -105,7 +105,7 @@ func (b *backend) details() []string {
 	if warm == 0 {
 		warm = engine.DefaultWarm
 	}
-	pool := fmt.Sprintf("pool: %d runs set up ahead, each with python3 started under the run's restrictions, waiting for its code", max(warm, 0))
+	pool := fmt.Sprintf("pool: %d runs set up ahead (up to %d under a burst), each with python3 started under the run's restrictions, waiting for its code", max(warm, 0), warmMax(b.cfg.Warm, b.cfg.WarmMax))
 	d := []string{"python: " + b.python, "hardening: " + string(b.cfg.Hardening), pool}
 	if b.strict {
 		abi, _ := llsys.LandlockGetABIVersion()

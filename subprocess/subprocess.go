@@ -130,6 +130,11 @@ type Config struct {
 	// run's restrictions, waiting for the code (about 10 MiB of memory
 	// each): zero means one, -1 none, at most 16 (engine.Config.Warm).
 	Warm int `json:"warm,omitempty"`
+	// WarmMax is how many the pool may grow to under a burst of runs that
+	// found none ready, shrinking back to Warm when the burst is over
+	// (engine.Config.WarmMax). Zero means four (or Warm, when that is
+	// more); at most 16.
+	WarmMax int `json:"warm_max,omitempty"`
 	// Logger receives a line per run at debug level and set-up facts at
 	// info level. Nil means discard.
 	Logger *slog.Logger `json:"-"`
@@ -153,6 +158,9 @@ func (c Config) Validate() error {
 	}
 	if c.UIDFirst < 0 || c.UIDCount < 0 || (c.UIDFirst != 0 && c.UIDFirst < 1000) {
 		return fmt.Errorf("subprocess: uid range %d+%d must lie above the system's users: %w", c.UIDFirst, c.UIDCount, moat.ErrInvalid)
+	}
+	if err := engine.ValidateWarmMax(moat.LevelSubprocess, c.Warm, c.WarmMax); err != nil {
+		return err
 	}
 	if err := engine.ValidateWarm(moat.LevelSubprocess, c.Warm); err != nil {
 		return err
@@ -199,11 +207,12 @@ func New(cfg Config) (*Sandbox, error) {
 		}
 	}
 	es, err := engine.New(engine.Config{
-		Level:  moat.LevelSubprocess,
-		Limits: b.limits,
-		Warm:   cfg.Warm,
-		Notes:  b.notes,
-		Logger: b.log,
+		Level:   moat.LevelSubprocess,
+		Limits:  b.limits,
+		Warm:    cfg.Warm,
+		WarmMax: warmMax(cfg.Warm, cfg.WarmMax),
+		Notes:   b.notes,
+		Logger:  b.log,
 	}, b)
 	if err != nil {
 		b.removeCA()
@@ -236,4 +245,20 @@ func (s *Sandbox) NewSession(ctx context.Context, opts moat.SessionOptions) (moa
 	}
 	ss := es.(*engine.Session)
 	return &Session{Session: ss, inst: ss.Instance().(*session)}, nil
+}
+
+// DefaultWarmMax is the most a pool grows to under a burst, unless
+// Config.WarmMax says otherwise: each instance is a python3 started under
+// the run's restrictions, about 10 MiB.
+const DefaultWarmMax = 4
+
+func warmMax(warm, warmMax int) int {
+	switch {
+	case warmMax != 0:
+		return warmMax
+	case warm < 0:
+		return 0
+	default:
+		return max(warm, DefaultWarmMax)
+	}
 }

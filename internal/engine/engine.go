@@ -22,6 +22,13 @@ type Config struct {
 	// Warm is how many instances are kept prepared ahead of runs. Zero
 	// means DefaultWarm; -1 means none (every run prepares its own).
 	Warm int
+	// WarmMax is how many the pool may keep while runs come in bursts:
+	// each run that finds none ready raises the pool's size by one, up
+	// to WarmMax, and each BurstDecay without such a run lowers it by
+	// one, down to Warm (an instance over the size is discarded). Zero
+	// means Warm: the pool keeps Warm, always. It must not be below Warm
+	// nor above MaxWarm.
+	WarmMax int
 	// RefillAfterRun makes the pool prepare the instance that replaces
 	// one a run took once that run has ended, not as it starts: for a
 	// level whose Prepare competes with the run for the host's CPU (a
@@ -47,11 +54,30 @@ const (
 	MaxWarm     = 16
 )
 
+// BurstDecay is how long a pool that grew for a burst (Config.WarmMax)
+// waits without a miss before it shrinks by one.
+const BurstDecay = 30 * time.Second
+
 // ValidateWarm checks a level's warm setting; the error wraps
 // moat.ErrInvalid and names the level.
 func ValidateWarm(level moat.Level, warm int) error {
 	if warm < -1 || warm > MaxWarm {
 		return fmt.Errorf("%s: warm %d is not between -1 (none) and %d: %w", level, warm, MaxWarm, moat.ErrInvalid)
+	}
+	return nil
+}
+
+// ValidateWarmMax checks a level's warm_max setting against its warm; the
+// error wraps moat.ErrInvalid and names the level.
+func ValidateWarmMax(level moat.Level, warm, warmMax int) error {
+	if warmMax == 0 {
+		return nil
+	}
+	if warm == 0 {
+		warm = DefaultWarm
+	}
+	if warmMax < max(warm, 0) || warmMax > MaxWarm {
+		return fmt.Errorf("%s: warm_max %d is not between warm (%d) and %d: %w", level, warmMax, max(warm, 0), MaxWarm, moat.ErrInvalid)
 	}
 	return nil
 }
@@ -82,6 +108,9 @@ func New(cfg Config, b Backend) (*Sandbox, error) {
 	if err := ValidateWarm(cfg.Level, cfg.Warm); err != nil {
 		return nil, err
 	}
+	if err := ValidateWarmMax(cfg.Level, cfg.Warm, cfg.WarmMax); err != nil {
+		return nil, err
+	}
 	if err := cfg.Limits.Validate(); err != nil {
 		return nil, err
 	}
@@ -96,7 +125,7 @@ func New(cfg Config, b Backend) (*Sandbox, error) {
 	if warm == 0 {
 		warm = DefaultWarm
 	}
-	s.pool = newPool(b, max(warm, 0), s.log, cfg.Level)
+	s.pool = newPool(b, max(warm, 0), max(warm, cfg.WarmMax, 0), s.log, cfg.Level)
 	s.pool.refillAfter = cfg.RefillAfterRun
 	return s, nil
 }

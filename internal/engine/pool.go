@@ -10,15 +10,25 @@ import (
 	"github.com/moatsandbox/moat"
 )
 
-// pool keeps up to n instances prepared ahead of runs. One goroutine
-// refills it, one instance at a time, whenever a run takes one; a failed
-// Prepare is retried after a pause that doubles up to a minute, so that a
-// level that went bad does not spin.
+// pool keeps instances prepared ahead of runs: size of them, which is n
+// but grows by one, up to most, with each take that finds none ready, and
+// shrinks by one, down to n, each BurstDecay without such a take. One
+// goroutine refills it, one instance at a time, whenever a run takes one,
+// so that the refill never holds more than one Prepare's worth of the
+// host while runs are in progress; a failed Prepare is retried after a
+// pause that doubles up to a minute, so that a level that went bad does
+// not spin.
 type pool struct {
 	b     Backend
 	n     int
+	most  int
 	log   *slog.Logger
 	level moat.Level
+
+	// size is how many the pool keeps now, between n and most; lastMiss
+	// is the time of the last take that found none (UnixNano).
+	size     atomic.Int64
+	lastMiss atomic.Int64
 
 	// refillAfter: take does not wake the refill; the run's end does.
 	refillAfter bool
@@ -36,12 +46,13 @@ type pool struct {
 	once   sync.Once
 }
 
-func newPool(b Backend, n int, log *slog.Logger, level moat.Level) *pool {
-	p := &pool{b: b, n: n, log: log, level: level,
-		ready: make(chan Instance, max(n, 1)), wake: make(chan struct{}, 1),
+func newPool(b Backend, n, most int, log *slog.Logger, level moat.Level) *pool {
+	p := &pool{b: b, n: n, most: max(n, most), log: log, level: level,
+		ready: make(chan Instance, max(n, most, 1)), wake: make(chan struct{}, 1),
 		quit: make(chan struct{}), done: make(chan struct{})}
+	p.size.Store(int64(n))
 	p.ctx, p.cancel = context.WithCancel(context.Background())
-	if n == 0 {
+	if p.most == 0 {
 		close(p.done)
 		return p
 	}
@@ -69,28 +80,60 @@ func (p *pool) take(ctx context.Context) (Instance, error) {
 	default:
 	}
 	p.misses.Add(1)
+	p.lastMiss.Store(time.Now().UnixNano())
+	if cur := p.size.Load(); cur < int64(p.most) {
+		p.size.CompareAndSwap(cur, cur+1)
+	}
 	if !p.refillAfter {
 		p.poke()
 	}
 	return p.b.Prepare(ctx)
 }
 
+// burstDecay is BurstDecay; tests shorten it.
+var burstDecay = BurstDecay
+
+// shrink lowers a pool that grew for a burst by one when no take missed
+// for BurstDecay, and discards an instance over the new size.
+func (p *pool) shrink(now time.Time) {
+	cur := p.size.Load()
+	if cur <= int64(p.n) || now.Sub(time.Unix(0, p.lastMiss.Load())) < burstDecay {
+		return
+	}
+	if !p.size.CompareAndSwap(cur, cur-1) {
+		return
+	}
+	p.lastMiss.Store(now.UnixNano()) // the next step waits as long again
+	if len(p.ready) > int(cur-1) {
+		select {
+		case inst := <-p.ready:
+			inst.Discard()
+		default:
+		}
+	}
+}
+
 // stats says how the pool has served takes.
 func (p *pool) stats() moat.PoolStats {
-	return moat.PoolStats{Size: p.n, Ready: len(p.ready), Hits: p.hits.Load(), Misses: p.misses.Load()}
+	return moat.PoolStats{Size: int(p.size.Load()), Max: p.most, Ready: len(p.ready), Hits: p.hits.Load(), Misses: p.misses.Load()}
 }
 
 func (p *pool) fill() {
 	defer close(p.done)
 	pause := time.Duration(0)
+	decay := time.NewTicker(burstDecay / 4)
+	defer decay.Stop()
 	for {
 		select {
 		case <-p.quit:
 			return
 		case <-p.wake:
 		case <-time.After(pause):
+		case now := <-decay.C:
+			p.shrink(now)
+			continue
 		}
-		for len(p.ready) < p.n {
+		for len(p.ready) < int(p.size.Load()) {
 			// Closed: nothing more is prepared (a Prepare may not stop for
 			// its context, and each costs a container or a VM).
 			select {

@@ -2,8 +2,12 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/moatsandbox/moat"
 )
 
 // ctxBackend counts the instances prepared with the caller's context
@@ -55,5 +59,41 @@ func TestTakeComesFromThePool(t *testing.T) {
 	// One take found an instance ready, one prepared its own.
 	if st := s.PoolStats(); st.Size != 1 || st.Hits != 1 || st.Misses != 1 || st.Ready != 0 {
 		t.Errorf("pool stats %+v, want size 1, 1 hit, 1 miss, none ready after Close", st)
+	}
+}
+
+// TestPoolGrowsForBursts: takes that find none ready grow the pool, one
+// each, up to WarmMax; without misses for the decay it shrinks back to
+// Warm, discarding what it no longer keeps.
+func TestPoolGrowsForBursts(t *testing.T) {
+	old := burstDecay
+	burstDecay = 200 * time.Millisecond
+	defer func() { burstDecay = old }()
+	b := &fake{}
+	s, err := New(Config{Level: "fake", Limits: fast(), Warm: 1, WarmMax: 3}, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	waitFor(t, func() bool { _, _, live := b.counts(); return live == 1 })
+	// A burst: five takes at once; the first finds one ready.
+	for range 5 {
+		inst, err := s.Take(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		inst.Discard()
+	}
+	if st := s.PoolStats(); st.Size != 3 || st.Max != 3 || st.Hits+st.Misses != 5 {
+		t.Errorf("after a burst: %+v, want size 3 of at most 3, 5 takes", st)
+	}
+	waitFor(t, func() bool { return s.PoolStats().Ready == 3 })
+	// Quiet: back to one, the others discarded.
+	waitFor(t, func() bool { st := s.PoolStats(); return st.Size == 1 && st.Ready == 1 })
+	if _, _, live := b.counts(); live != 1 {
+		t.Errorf("%d instances live after the pool shrank, want 1", live)
+	}
+	if _, err := New(Config{Level: "fake", Warm: 2, WarmMax: 1}, &fake{}); !errors.Is(err, moat.ErrInvalid) {
+		t.Errorf("warm_max under warm: %v, want ErrInvalid", err)
 	}
 }
