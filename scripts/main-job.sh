@@ -32,8 +32,9 @@ chmod 0755 "$demo_bin"
 rm -rf "$demo_bin"
 
 echo
-echo "== latency, print(1), every available level"
-"$moat" bench || status=$?
+echo "== latency, print(1), every available level; then 8 clients for 5 s at each; both also as a page"
+"$moat" bench --html bench.html --duration 5s || status=$?
+echo "(the page: $(pwd)/bench.html, self-contained: open it in any browser)"
 
 echo
 echo "== the egress proxy: a fetch over loopback, direct and through the proxy"
