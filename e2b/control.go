@@ -147,14 +147,15 @@ type networkBody struct {
 var allTraffic = map[string]bool{"0.0.0.0/0": true, "::/0": true}
 
 // checkNetwork maps what a create asks of the network onto the template's
-// network profile, which is all a sandbox ever gets: the request chooses
-// no policy. It may ask for less than the profile allows only where moat
-// can give that, and never gets more than it asked:
+// network policy (its profile's, or Config.Policy for a template without
+// one), which is all a sandbox ever gets: the request chooses no policy.
+// It may ask for less than the policy allows only where moat can give
+// that, and never gets more than it asked:
 //
-//   - A template without network satisfies any request: the code reaches
+//   - A policy without network satisfies any request: the code reaches
 //     nothing, less than any rule allows.
 //   - allowInternetAccess false, or denyOut with ALL_TRAFFIC, asks that
-//     nothing but allowOut be reached: every host of the profile must be
+//     nothing but allowOut be reached: every host of the policy must be
 //     one that allowOut allows (a host name, "*.domain", with a port or
 //     not), else 400, naming the host.
 //   - denyOut of other addresses, with the rest allowed, cannot be kept by
@@ -186,25 +187,29 @@ func (s *Server) checkNetwork(b createBody, tpl Template) error {
 			deny = append(deny, d)
 		}
 	}
-	if tpl.Network == "" {
+	// What the template's sandboxes reach: the policy of its profile, or
+	// the one of the sandboxes without a profile.
+	pol, known, what := s.cfg.Policy, true, "the server's network (no profile)"
+	if tpl.Network != "" {
+		pol, known = s.cfg.Sessions.ProfilePolicy(tpl.Network)
+		what = fmt.Sprintf("network profile %q", tpl.Network)
+	}
+	if known && !pol.Enabled() {
 		return nil
 	}
 	if !denyAll {
 		if len(deny) > 0 {
-			return errorf(http.StatusBadRequest, "network.denyOut %v: template %q reaches hosts by name through moat's proxy (network profile %q), which cannot deny addresses and allow the rest: deny ALL_TRAFFIC and allow the hosts you want", deny, b.TemplateID, tpl.Network)
+			return errorf(http.StatusBadRequest, "network.denyOut %v: template %q reaches hosts by name through moat's proxy (%s), which cannot deny addresses and allow the rest: deny ALL_TRAFFIC and allow the hosts you want", deny, b.TemplateID, what)
 		}
 		return nil
 	}
-	pol, ok := s.cfg.Sessions.ProfilePolicy(tpl.Network)
-	if !ok {
-		return errorf(http.StatusBadRequest, "network: template %q's network profile %q has no policy to compare with allowOut: use a template without network", b.TemplateID, tpl.Network)
+	if !known {
+		return errorf(http.StatusBadRequest, "network: template %q's %s has no policy to compare with allowOut: use a template without network", b.TemplateID, what)
 	}
 	asked := &moat.Network{Allow: nb.AllowOut}
-	if pol.Network != nil {
-		for _, h := range pol.Network.Allow {
-			if !asked.AllowsAll(h) {
-				return errorf(http.StatusBadRequest, "network: template %q's network profile %q reaches %s, which allowOut %v does not allow: moat gives a template's network whole: allow that host too, or use a template with less network", b.TemplateID, tpl.Network, h, nb.AllowOut)
-			}
+	for _, h := range pol.Network.Allow {
+		if !asked.AllowsAll(h) {
+			return errorf(http.StatusBadRequest, "network: template %q's %s reaches %s, which allowOut %v does not allow: moat gives a template's network whole: allow that host too, or use a template with less network", b.TemplateID, what, h, nb.AllowOut)
 		}
 	}
 	return nil

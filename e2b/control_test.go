@@ -189,6 +189,41 @@ func TestCreateNetwork(t *testing.T) {
 	}
 }
 
+// A template without a network profile runs in the server's sandboxes
+// without one, which have the operator's top-level network when it gave
+// them one (Config.Policy): a create that asks for no network, or only
+// for hosts that policy exceeds, is refused there as for a profile.
+func TestCreateNetworkNoProfile(t *testing.T) {
+	ts := startServer(t, moat.Limits{}, func(sc *server.Config, c *e2b.Config) {
+		c.Policy = moat.Egress{Network: &moat.Network{Allow: []string{"pypi.org"}}}
+	})
+	all := []string{"0.0.0.0/0"}
+	for _, tc := range []struct {
+		name   string
+		body   map[string]any
+		status int
+		says   string
+	}{
+		{"allowInternetAccess false", map[string]any{"templateID": "base", "allow_internet_access": false}, 400, "pypi.org"},
+		{"ALL_TRAFFIC denied", map[string]any{"templateID": "code-interpreter-v1", "network": map[string]any{"denyOut": all}}, 400, "pypi.org"},
+		{"addresses denied, the rest allowed", map[string]any{"templateID": "base", "network": map[string]any{"denyOut": []string{"10.0.0.0/8"}}}, 400, "denyOut"},
+		{"only the policy's host", map[string]any{"templateID": "base", "network": map[string]any{"denyOut": all, "allowOut": []string{"PyPI.org."}}}, 201, ""},
+		{"nothing asked", map[string]any{"templateID": "base"}, 201, ""},
+	} {
+		var body struct {
+			SandboxID string `json:"sandboxID"`
+			Message   string `json:"message"`
+		}
+		resp := ts.do(t, keyA, "POST", "/v2/sandboxes", tc.body, &body)
+		if resp.StatusCode != tc.status || !strings.Contains(body.Message, tc.says) {
+			t.Errorf("%s: %d %q, want %d saying %q", tc.name, resp.StatusCode, body.Message, tc.status, tc.says)
+		}
+		if resp.StatusCode == 201 {
+			ts.do(t, keyA, "DELETE", "/sandboxes/"+body.SandboxID, nil, nil)
+		}
+	}
+}
+
 // Another key's sandbox is not found, on every route, and stays as it was.
 func TestOwnership(t *testing.T) {
 	ts := startServer(t, moat.Limits{}, nil)
