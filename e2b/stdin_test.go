@@ -192,3 +192,66 @@ func TestStdin(t *testing.T) {
 		})
 	}
 }
+
+// A command's end is its own, not that of a process it left holding its
+// input: when the command has ended, the relay stops feeding the pipe,
+// even one full and never read, and the end comes while that process
+// still runs. In a live interpreter the relay's thread has gone by then.
+func TestStdinEndsWithCommand(t *testing.T) {
+	for _, tpl := range []string{"base", "code-interpreter-v1"} {
+		t.Run(tpl, func(t *testing.T) {
+			ts := startServer(t, moat.Limits{WallTime: moat.Duration(60 * time.Second)}, nil)
+			c := ts.create(t, keyA, map[string]any{"templateID": tpl})
+			cl := ts.clients(c.SandboxID, c.EnvdAccessToken)
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			// The background shell keeps the pipe's read end and reads
+			// nothing; the command waits until its input is past what
+			// the pipe holds, then exits.
+			s := startStdin(t, ctx, cl, bash(`sh -c 'sleep 8; touch bg-done' <&0 & while [ ! -e sent ]; do sleep 0.05; done; echo main`))
+			chunk := strings.Repeat("x", 64<<10)
+			for i := range 3 {
+				if err := sendStdin(ctx, cl, s.pid, chunk); err != nil {
+					t.Fatalf("send %d: %v", i, err)
+				}
+			}
+			// The relay has written the first chunk: the pipe is full.
+			time.Sleep(300 * time.Millisecond)
+			if _, err := cl.fs.Stat(ctx, connect.NewRequest(&filesystem.StatRequest{Path: "/home/user/sent"})); err == nil {
+				t.Fatal("sent exists before the test made it")
+			}
+			sess, done, err := ts.srv.UseSession(ctx, "a", c.SandboxID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = sess.WriteFile(ctx, "sent", strings.NewReader(""))
+			done()
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := waitRan(t, s)
+			if r.stdout != "main\n" || r.end.GetExitCode() != 0 {
+				t.Errorf("stdout %q, end %+v", r.stdout, r.end)
+			}
+			if _, err := cl.fs.Stat(ctx, connect.NewRequest(&filesystem.StatRequest{Path: "/home/user/bg-done"})); err == nil {
+				t.Error("the command's end came only once the process holding its input had ended")
+			}
+
+			// A FIFO where the next chunk goes (the code's own doing)
+			// ends the input; it does not hold the relay.
+			s = startStdin(t, ctx, cl, bash(`mkfifo "$(echo ~/.moat-stdin/*)/0" && cat && echo planted`))
+			r = waitRan(t, s)
+			if r.stdout != "planted\n" || r.end.GetExitCode() != 0 || r.end.Error != nil {
+				t.Errorf("a FIFO in the spool: stdout %q, end %+v", r.stdout, r.end)
+			}
+			if tpl == "base" {
+				return
+			}
+			// The relay's thread is gone, and no name of it is left.
+			_, objs := execute(t, ts, c, map[string]any{"code": "import threading\n(threading.active_count(), [n for n in ('relay', 'clean', '_moat_child') if n in globals()])"})
+			if res, _ := of(objs, "result"); len(res) != 1 || res[0]["text"] != "(1, [])" {
+				t.Errorf("the interpreter after the commands: %v", objs)
+			}
+		})
+	}
+}
