@@ -130,7 +130,7 @@ func TestCommands(t *testing.T) {
 	// Not mapped: a pty, refused before anything runs.
 	ctx := context.Background()
 	for name, req := range map[string]*process.StartRequest{
-		"pty":   {Process: bash("true"), Pty: &process.PTY{}},
+		"pty": {Process: bash("true"), Pty: &process.PTY{}},
 	} {
 		s, err := cl.proc.Start(ctx, connect.NewRequest(req))
 		if err == nil {
