@@ -55,16 +55,41 @@ type stdinSpool struct {
 	ended   chan struct{}
 	endOnce sync.Once
 
-	mu     sync.Mutex
+	// lock is held (a value in it) by the one send, close or end at
+	// work on the spool; taken with acquire, so that a caller waiting
+	// for it still ends with its own context. It guards next and closed.
+	lock   chan struct{}
 	next   int  // the number of the next chunk
 	closed bool // "eof" written, or the command ended
 }
+
+// acquire takes sp.lock, or gives up when ctx ends: a send that waits for
+// the command to read holds the lock, and the calls behind it must not
+// wait past their own deadlines.
+func (sp *stdinSpool) acquire(ctx context.Context) error {
+	select {
+	case sp.lock <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		code := connect.CodeCanceled
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			code = connect.CodeDeadlineExceeded
+		}
+		return connect.NewError(code, fmt.Errorf("e2b: waiting for another call on the command's input: %w", ctx.Err()))
+	}
+}
+
+func (sp *stdinSpool) release() { <-sp.lock }
+
+// stdinCleanup bounds what endStdin spends removing a spool, since it
+// runs once the client has gone and no request bounds it.
+const stdinCleanup = 30 * time.Second
 
 // newStdinSpool makes the spool directory for a command of sb.
 func (ps *processService) newStdinSpool(ctx context.Context, sb *sandbox) (*stdinSpool, error) {
 	var nonce [8]byte
 	rand.Read(nonce[:])
-	sp := &stdinSpool{dir: path.Join(stdinRoot, hex.EncodeToString(nonce[:])), ended: make(chan struct{})}
+	sp := &stdinSpool{dir: path.Join(stdinRoot, hex.EncodeToString(nonce[:])), ended: make(chan struct{}), lock: make(chan struct{}, 1)}
 	sess, done, err := ps.s.cfg.Sessions.UseSession(ctx, sb.owner, sb.id)
 	if err != nil {
 		return nil, rpcError(err)
@@ -79,8 +104,10 @@ func (ps *processService) newStdinSpool(ctx context.Context, sb *sandbox) (*stdi
 // send writes data as the next chunk, once fewer than maxStdinPending wait
 // (ctx bounds the wait).
 func (ps *processService) send(ctx context.Context, sb *sandbox, sp *stdinSpool, data []byte) error {
-	sp.mu.Lock()
-	defer sp.mu.Unlock()
+	if err := sp.acquire(ctx); err != nil {
+		return err
+	}
+	defer sp.release()
 	if sp.closed {
 		return connect.NewError(connect.CodeFailedPrecondition, errors.New("e2b: the command's stdin is closed"))
 	}
@@ -127,8 +154,10 @@ func (ps *processService) send(ctx context.Context, sb *sandbox, sp *stdinSpool,
 // close writes "eof": the command reads the end of its input once it has
 // read every chunk before.
 func (ps *processService) closeStdin(ctx context.Context, sb *sandbox, sp *stdinSpool) error {
-	sp.mu.Lock()
-	defer sp.mu.Unlock()
+	if err := sp.acquire(ctx); err != nil {
+		return err
+	}
+	defer sp.release()
 	if sp.closed {
 		return nil
 	}
@@ -149,10 +178,16 @@ func (ps *processService) closeStdin(ctx context.Context, sb *sandbox, sp *stdin
 // maxStdinPending and one being written), "eof", the directory, and the
 // root when no other command's spool is in it. What it cannot remove (the
 // code put files of its own there) stays, among the session's own files.
+// It does not end with ctx (the client may have gone): stdinCleanup bounds
+// it, the wait for a send in progress included.
 func (ps *processService) endStdin(ctx context.Context, sb *sandbox, sp *stdinSpool) {
 	sp.endOnce.Do(func() { close(sp.ended) })
-	sp.mu.Lock()
-	defer sp.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stdinCleanup)
+	defer cancel()
+	if sp.acquire(ctx) != nil {
+		return
+	}
+	defer sp.release()
 	sp.closed = true
 	sess, done, err := ps.s.cfg.Sessions.UseSession(ctx, sb.owner, sb.id)
 	if err != nil {

@@ -3,6 +3,7 @@ package e2b_test
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -254,4 +255,87 @@ func TestStdinEndsWithCommand(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A send that waits for the command to read holds the command's input;
+// the calls behind it still end with their own deadlines, and a kill ends
+// the one that waits.
+func TestStdinCallsBehindAWaitingSend(t *testing.T) {
+	ts := startServer(t, moat.Limits{WallTime: moat.Duration(60 * time.Second)}, nil)
+	c := ts.create(t, keyA, map[string]any{"templateID": "base"})
+	cl := ts.clients(c.SandboxID, c.EnvdAccessToken)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s := startStdin(t, ctx, cl, bash(`sleep 50`))
+	chunk := strings.Repeat("x", 64<<10)
+	// Fill the pipe and the spool: a send with a short deadline fails
+	// once the next one would wait.
+	full := false
+	for i := 0; i < 40 && !full; i++ {
+		sctx, scancel := context.WithTimeout(ctx, time.Second)
+		err := sendStdin(sctx, cl, s.pid, chunk)
+		scancel()
+		if connect.CodeOf(err) == connect.CodeDeadlineExceeded {
+			full = true
+		} else if err != nil {
+			t.Fatalf("send %d: %v", i, err)
+		}
+	}
+	if !full {
+		t.Fatal("40 sends of 64KiB to a command that reads nothing all succeeded")
+	}
+	waiting := make(chan error, 1)
+	go func() { waiting <- sendStdin(ctx, cl, s.pid, chunk) }()
+	time.Sleep(200 * time.Millisecond)
+	for name, call := range map[string]func(context.Context) error{
+		"close": func(ctx context.Context) error { return closeStdin(ctx, cl, s.pid) },
+		"send":  func(ctx context.Context) error { return sendStdin(ctx, cl, s.pid, "y") },
+	} {
+		sctx, scancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		err := call(sctx)
+		scancel()
+		if connect.CodeOf(err) != connect.CodeDeadlineExceeded {
+			t.Errorf("%s behind a waiting send: %v, want deadline_exceeded", name, err)
+		}
+		select {
+		case err := <-waiting:
+			t.Fatalf("the waiting send ended before the %s behind it: %v", name, err)
+		default:
+		}
+	}
+	// On the server's side too: nothing but the waiting send is left of
+	// those calls once their deadlines have passed (the client gives up
+	// at its deadline whatever the server does).
+	var left int
+	for range 50 {
+		left = stdinCallsLeft()
+		if left == 1 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if left != 1 {
+		t.Errorf("%d calls on the command's input in progress on the server, want 1 (the waiting send)", left)
+	}
+	if _, err := cl.proc.SendSignal(ctx, connect.NewRequest(&process.SendSignalRequest{Process: pidSel(s.pid), Signal: process.Signal_SIGNAL_SIGKILL})); err != nil {
+		t.Fatal(err)
+	}
+	waitRan(t, s)
+	if err := <-waiting; connect.CodeOf(err) != connect.CodeNotFound {
+		t.Errorf("the waiting send after the kill: %v, want not_found", err)
+	}
+}
+
+// stdinCallsLeft counts the server's goroutines in a SendInput or a
+// CloseStdin.
+func stdinCallsLeft() int {
+	buf := make([]byte, 8<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	n := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "e2b.(*processService).SendInput(") || strings.Contains(g, "e2b.(*processService).CloseStdin(") {
+			n++
+		}
+	}
+	return n
 }
