@@ -12,6 +12,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -217,8 +218,52 @@ func (s *Server) checkNetwork(b createBody, tpl Template) error {
 
 func present(m json.RawMessage) bool { return len(m) > 0 && string(m) != "null" }
 
+// createFields are createBody's JSON names, folded as nearName folds them.
+var createFields = func() map[string]string {
+	m := map[string]string{}
+	t := reflect.TypeFor[createBody]()
+	for i := range t.NumField() {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+		m[nearName(name)] = name
+	}
+	return m
+}()
+
+// nearName folds a JSON name to what its spellings share: lower case,
+// without '_' and '-' ("allowInternetAccess", "allow_internet_access").
+func nearName(s string) string {
+	return strings.NewReplacer("_", "", "-", "").Replace(strings.ToLower(s))
+}
+
+// checkSpellings refuses a create whose body names a field of createBody in
+// a spelling that encoding/json does not match (it matches case aside,
+// nothing more), and so would ignore: "allowInternetAccess" for
+// "allow_internet_access" would give the template's network to a create
+// that asked for none. Fields unknown in every spelling are let through,
+// as the SDKs send some moat has no use for.
+func checkSpellings(raw []byte) error {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(raw, &m) != nil {
+		return nil // decodeBody has said what is wrong, or will
+	}
+	for k := range m {
+		if name, ok := createFields[nearName(k)]; ok && !strings.EqualFold(k, name) {
+			return errorf(http.StatusBadRequest, "body: %q is not a field moat reads: did you mean %q?", k, name)
+		}
+	}
+	return nil
+}
+
 func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, owner string) error {
 	var b createBody
+	raw, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+	if err != nil {
+		return errorf(http.StatusBadRequest, "body: %v", err)
+	}
+	if err := checkSpellings(raw); err != nil {
+		return err
+	}
+	r.Body = io.NopCloser(bytes.NewReader(raw))
 	if err := decodeBody(r, &b); err != nil {
 		return err
 	}

@@ -166,6 +166,10 @@ func TestCreateNetwork(t *testing.T) {
 		{"addresses denied, the rest allowed", map[string]any{"templateID": "net", "network": map[string]any{"denyOut": []string{"10.0.0.0/8"}}}, 400, "", "denyOut"},
 		{"a profile without a policy to compare", map[string]any{"templateID": "bare", "network": map[string]any{"denyOut": all}}, 400, "", "no policy"},
 		{"maskRequestHost", map[string]any{"templateID": "net", "network": map[string]any{"maskRequestHost": "x"}}, 400, "", "maskRequestHost"},
+		// A spelling that encoding/json would not match, and so ignore.
+		{"allowInternetAccess false, camel-cased", map[string]any{"templateID": "net", "allowInternetAccess": false}, 400, "", "allow_internet_access"},
+		{"ALLOW_INTERNET_ACCESS false", map[string]any{"templateID": "net", "ALLOW_INTERNET_ACCESS": false}, 400, "", "pypi.org"},
+		{"a field moat has no use for", map[string]any{"templateID": "net", "autoPauseMemory": false}, 201, "pypi", ""},
 	} {
 		var body struct {
 			SandboxID string `json:"sandboxID"`
