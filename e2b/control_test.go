@@ -117,11 +117,20 @@ func TestTemplatesFromConfig(t *testing.T) {
 func TestTemplateNetworkGrant(t *testing.T) {
 	ts2 := startServer(t, moat.Limits{}, func(sc *server.Config, c *e2b.Config) {
 		sc.Profiles = map[string]map[moat.Level]moat.Sandbox{"pypi": {moat.LevelSubprocess: sc.Sandboxes[moat.LevelSubprocess]}}
+		sc.ProfilePolicies = map[string]moat.Egress{"pypi": {Network: &moat.Network{Allow: []string{"pypi.org"}}}}
 		sc.Tokens[0].NetworkProfiles = []string{"pypi"}
 		c.Templates = map[string]e2b.Template{"net": {Network: "pypi"}}
 	})
 	if resp := ts2.do(t, keyB, "POST", "/v2/sandboxes", map[string]any{"templateID": "net"}, nil); resp.StatusCode != http.StatusForbidden {
 		t.Errorf("b, not granted pypi: %d, want 403", resp.StatusCode)
+	}
+	// Whatever b asks of the network: the answer says nothing of the
+	// profile's hosts.
+	var refused struct {
+		Message string `json:"message"`
+	}
+	if resp := ts2.do(t, keyB, "POST", "/v2/sandboxes", map[string]any{"templateID": "net", "network": map[string]any{"denyOut": []string{"0.0.0.0/0"}}}, &refused); resp.StatusCode != http.StatusForbidden || strings.Contains(refused.Message, "pypi.org") {
+		t.Errorf("b, not granted pypi, denying all: %d %q, want 403 without the profile's hosts", resp.StatusCode, refused.Message)
 	}
 	if resp := ts2.do(t, keyA, "POST", "/v2/sandboxes", map[string]any{"templateID": "net", "allow_internet_access": true}, nil); resp.StatusCode != 201 {
 		t.Errorf("a, granted pypi: %d, want 201", resp.StatusCode)
