@@ -228,16 +228,20 @@ func (s *Server) granted(owner, name string) bool {
 
 func present(m json.RawMessage) bool { return len(m) > 0 && string(m) != "null" }
 
-// createFields are createBody's JSON names, folded as nearName folds them.
-var createFields = func() map[string]string {
-	m := map[string]string{}
-	t := reflect.TypeFor[createBody]()
+// jsonNames are the JSON names of the fields of the struct type t.
+func jsonNames(t reflect.Type) []string {
+	var out []string
 	for i := range t.NumField() {
 		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
-		m[nearName(name)] = name
+		out = append(out, name)
 	}
-	return m
-}()
+	return out
+}
+
+var (
+	createFields  = jsonNames(reflect.TypeFor[createBody]())
+	networkFields = jsonNames(reflect.TypeFor[networkBody]())
+)
 
 // nearName folds a JSON name to what its spellings share: lower case,
 // without '_' and '-' ("allowInternetAccess", "allow_internet_access").
@@ -245,20 +249,45 @@ func nearName(s string) string {
 	return strings.NewReplacer("_", "", "-", "").Replace(strings.ToLower(s))
 }
 
-// checkSpellings refuses a create whose body names a field of createBody in
-// a spelling that encoding/json does not match (it matches case aside,
-// nothing more), and so would ignore: "allowInternetAccess" for
-// "allow_internet_access" would give the template's network to a create
-// that asked for none. Fields unknown in every spelling are let through,
-// as the SDKs send some moat has no use for.
-func checkSpellings(raw []byte) error {
-	var m map[string]json.RawMessage
-	if json.Unmarshal(raw, &m) != nil {
-		return nil // decodeBody has said what is wrong, or will
+// checkKeys refuses a JSON object (a create's body, or its network) that
+// names one of fields twice, as encoding/json matches a name (case aside:
+// it keeps the last, where another reader may keep the first), or in a
+// spelling that encoding/json does not match and so would ignore:
+// "allowInternetAccess" for "allow_internet_access" would give the
+// template's network to a create that asked for none. Names unknown in
+// every spelling are let through, as the SDKs send some moat has no use
+// for. What is not an object is left to the decoder's word.
+func checkKeys(raw []byte, where string, fields []string) error {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil
 	}
-	for k := range m {
-		if name, ok := createFields[nearName(k)]; ok && !strings.EqualFold(k, name) {
-			return errorf(http.StatusBadRequest, "body: %q is not a field moat reads: did you mean %q?", k, name)
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil
+		}
+		k, _ := tok.(string)
+		var v json.RawMessage
+		if dec.Decode(&v) != nil {
+			return nil
+		}
+		for _, f := range fields {
+			switch {
+			case strings.EqualFold(k, f):
+				if seen[f] {
+					return errorf(http.StatusBadRequest, "%s: %q given twice", where, f)
+				}
+				seen[f] = true
+				if f == "network" && where == "body" {
+					if err := checkKeys(v, "network", networkFields); err != nil {
+						return err
+					}
+				}
+			case nearName(k) == nearName(f):
+				return errorf(http.StatusBadRequest, "%s: %q is not a field moat reads: did you mean %q?", where, k, f)
+			}
 		}
 	}
 	return nil
@@ -270,7 +299,7 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, owner stri
 	if err != nil {
 		return errorf(http.StatusBadRequest, "body: %v", err)
 	}
-	if err := checkSpellings(raw); err != nil {
+	if err := checkKeys(raw, "body", createFields); err != nil {
 		return err
 	}
 	r.Body = io.NopCloser(bytes.NewReader(raw))

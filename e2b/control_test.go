@@ -159,7 +159,7 @@ func TestCreateNetwork(t *testing.T) {
 	all := []string{"0.0.0.0/0"}
 	for _, tc := range []struct {
 		name    string
-		body    map[string]any
+		body    any
 		status  int
 		profile string
 		says    string
@@ -179,6 +179,10 @@ func TestCreateNetwork(t *testing.T) {
 		{"allowInternetAccess false, camel-cased", map[string]any{"templateID": "net", "allowInternetAccess": false}, 400, "", "allow_internet_access"},
 		{"ALLOW_INTERNET_ACCESS false", map[string]any{"templateID": "net", "ALLOW_INTERNET_ACCESS": false}, 400, "", "pypi.org"},
 		{"a field moat has no use for", map[string]any{"templateID": "net", "autoPauseMemory": false}, 201, "pypi", ""},
+		// A name given twice, where readers disagree on which holds.
+		{"allow_internet_access twice", json.RawMessage(`{"templateID": "net", "allow_internet_access": false, "Allow_Internet_Access": true}`), 400, "", "twice"},
+		{"network twice", json.RawMessage(`{"templateID": "net", "network": {"denyOut": ["0.0.0.0/0"]}, "network": null}`), 400, "", "twice"},
+		{"denyOut twice", json.RawMessage(`{"templateID": "net", "network": {"denyOut": ["0.0.0.0/0"], "DENYOUT": []}}`), 400, "", "twice"},
 	} {
 		var body struct {
 			SandboxID string `json:"sandboxID"`
