@@ -122,8 +122,14 @@ func (ps *processService) send(ctx context.Context, sb *sandbox, sp *stdinSpool,
 	if sp.next >= maxStdinPending {
 		// Chunks are taken in order: when this one is gone, so are all
 		// before it.
+		// The look costs a run of a program in the instance at some
+		// levels (docker exec, the guest's channel): the wait between
+		// two is at least ten times what the last took, so that a send
+		// waiting on a command that does not read uses at most a tenth
+		// of what the file operations can take.
 		oldest := path.Join(sp.dir, strconv.Itoa(sp.next-maxStdinPending))
-		for pause := time.Millisecond; ; pause = min(2*pause, 50*time.Millisecond) {
+		for pause := time.Millisecond; ; {
+			start := time.Now()
 			_, err := sess.Stat(ctx, oldest)
 			if errors.Is(err, fs.ErrNotExist) {
 				break
@@ -131,6 +137,7 @@ func (ps *processService) send(ctx context.Context, sb *sandbox, sp *stdinSpool,
 			if err != nil {
 				return fsError(err)
 			}
+			pause = max(min(2*pause, 50*time.Millisecond), 10*time.Since(start))
 			select {
 			case <-ctx.Done():
 				return connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("e2b: the command has not read its input: %w", ctx.Err()))

@@ -5,14 +5,17 @@ import (
 	"fmt"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 
 	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/e2b"
 	"github.com/moatsandbox/moat/e2b/internal/envd/filesystem"
 	"github.com/moatsandbox/moat/e2b/internal/envd/process"
+	"github.com/moatsandbox/moat/server"
 )
 
 // started is a command in progress with its stream read in the background.
@@ -338,4 +341,73 @@ func stdinCallsLeft() int {
 		}
 	}
 	return n
+}
+
+// slowStat is a sandbox whose sessions take statTime for each Stat in a
+// stdin spool, as a file operation does at the levels that run a program
+// in the instance for it, and count them.
+type slowStat struct {
+	moat.Sandbox
+	statTime time.Duration
+	stats    *atomic.Int64
+}
+
+func (s slowStat) NewSession(ctx context.Context, opts moat.SessionOptions) (moat.Session, error) {
+	sess, err := s.Sandbox.(moat.Sessioner).NewSession(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return slowStatSession{sess, s}, nil
+}
+
+type slowStatSession struct {
+	moat.Session
+	s slowStat
+}
+
+func (ss slowStatSession) Stat(ctx context.Context, name string) (moat.FileInfo, error) {
+	if strings.HasPrefix(name, ".moat-stdin/") {
+		ss.s.stats.Add(1)
+		time.Sleep(ss.s.statTime)
+	}
+	return ss.Session.Stat(ctx, name)
+}
+
+// A send waiting for a command that does not read looks at the spool at a
+// pace set by what a look costs: at most a tenth of the time (a fifth
+// here, for the scheduler's noise) goes to looking.
+func TestStdinWaitPace(t *testing.T) {
+	const statTime = 20 * time.Millisecond
+	var stats atomic.Int64
+	ts := startServer(t, moat.Limits{WallTime: moat.Duration(60 * time.Second)}, func(sc *server.Config, _ *e2b.Config) {
+		sc.Sandboxes[moat.LevelSubprocess] = slowStat{sc.Sandboxes[moat.LevelSubprocess], statTime, &stats}
+	})
+	c := ts.create(t, keyA, map[string]any{"templateID": "base"})
+	cl := ts.clients(c.SandboxID, c.EnvdAccessToken)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s := startStdin(t, ctx, cl, bash(`sleep 50`))
+	chunk := strings.Repeat("x", 64<<10)
+	for i := 0; ; i++ {
+		if i == 40 {
+			t.Fatal("40 sends of 64KiB to a command that reads nothing all succeeded")
+		}
+		stats.Store(0)
+		start := time.Now()
+		sctx, scancel := context.WithTimeout(ctx, 2*time.Second)
+		err := sendStdin(sctx, cl, s.pid, chunk)
+		scancel()
+		if connect.CodeOf(err) == connect.CodeDeadlineExceeded {
+			waited, looked := time.Since(start), time.Duration(stats.Load())*statTime
+			if looked*5 > waited {
+				t.Errorf("a send waited %v and spent %v (%d looks) looking at the spool: over a fifth", waited, looked, stats.Load())
+			}
+			break
+		}
+		if err != nil {
+			t.Fatalf("send %d: %v", i, err)
+		}
+	}
+	cl.proc.SendSignal(ctx, connect.NewRequest(&process.SendSignalRequest{Process: pidSel(s.pid), Signal: process.Signal_SIGNAL_SIGKILL}))
+	waitRan(t, s)
 }
