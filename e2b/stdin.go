@@ -30,9 +30,13 @@ import (
 // E2B API does not show (listings, watches).
 //
 // The spool belongs to the sandbox's own code: the code can read it, add
-// to it or break it, which changes only its own input. The host writes
-// through moat.Files, which never follows a link the code planted, so a
-// broken spool is an error of SendInput, nothing more.
+// to it or break it, which changes only its own input (a link it plants
+// there can send the input to another file of the session, which the code
+// could write anyway). The host writes through moat.Files, which never
+// follows a link out of the session's directory (at the levels that run a
+// program in the instance, none at all), never writes through an existing
+// file, and opens no FIFO for writing, so a broken spool is an error of
+// SendInput, nothing more.
 const stdinRoot = ".moat-stdin"
 
 // maxStdinPending is how many chunks SendInput lets wait for the command
