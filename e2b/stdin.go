@@ -190,7 +190,8 @@ func (ps *processService) closeStdin(ctx context.Context, sb *sandbox, sp *stdin
 // root when no other command's spool is in it. What it cannot remove (the
 // code put files of its own there) stays, among the session's own files.
 // It does not end with ctx (the client may have gone): stdinCleanup bounds
-// it, the wait for a send in progress included.
+// it, the wait for a send in progress included. It never resumes a
+// suspended sandbox to clean up.
 func (ps *processService) endStdin(ctx context.Context, sb *sandbox, sp *stdinSpool) {
 	sp.endOnce.Do(func() { close(sp.ended) })
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stdinCleanup)
@@ -200,8 +201,11 @@ func (ps *processService) endStdin(ctx context.Context, sb *sandbox, sp *stdinSp
 	}
 	defer sp.release()
 	sp.closed = true
-	sess, done, err := ps.s.cfg.Sessions.UseSession(ctx, sb.owner, sb.id)
-	if err != nil {
+	// A look, not a use: a sandbox suspended meanwhile (a pause, moat's
+	// own API, a shutdown) stays so, with what is left of the spool in
+	// its files; the cleanup never wakes it.
+	sess, done, running, err := ps.s.cfg.Sessions.PeekSession(sb.owner, sb.id)
+	if err != nil || !running {
 		return
 	}
 	defer done()

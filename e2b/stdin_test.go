@@ -411,3 +411,67 @@ func TestStdinWaitPace(t *testing.T) {
 	cl.proc.SendSignal(ctx, connect.NewRequest(&process.SendSignalRequest{Process: pidSel(s.pid), Signal: process.Signal_SIGNAL_SIGKILL}))
 	waitRan(t, s)
 }
+
+// slowSuspend is a sandbox whose sessions take suspendTime more to
+// suspend.
+type slowSuspend struct {
+	moat.Sandbox
+	suspendTime time.Duration
+}
+
+func (s slowSuspend) NewSession(ctx context.Context, opts moat.SessionOptions) (moat.Session, error) {
+	sess, err := s.Sandbox.(moat.Sessioner).NewSession(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return slowSuspendSession{sess, s.suspendTime}, nil
+}
+
+func (s slowSuspend) ResumeSession(ctx context.Context, dir string) (moat.Session, moat.SuspendInfo, error) {
+	sess, info, err := s.Sandbox.(moat.Resumer).ResumeSession(ctx, dir)
+	if err != nil {
+		return nil, info, err
+	}
+	return slowSuspendSession{sess, s.suspendTime}, info, nil
+}
+
+type slowSuspendSession struct {
+	moat.Session
+	suspendTime time.Duration
+}
+
+func (ss slowSuspendSession) Suspend(ctx context.Context, dir string) (moat.SuspendInfo, error) {
+	time.Sleep(ss.suspendTime)
+	return ss.Session.(moat.Suspender).Suspend(ctx, dir)
+}
+
+// Cleaning a command's spool up never wakes its sandbox: one whose
+// suspend began as the command ended (the suspend waited for it) stays
+// suspended.
+func TestStdinCleanupDoesNotResume(t *testing.T) {
+	ts := startServer(t, moat.Limits{WallTime: moat.Duration(60 * time.Second)}, func(sc *server.Config, _ *e2b.Config) {
+		sc.Sandboxes[moat.LevelSubprocess] = slowSuspend{sc.Sandboxes[moat.LevelSubprocess], time.Second}
+	})
+	c := ts.create(t, keyA, map[string]any{"templateID": "base"})
+	cl := ts.clients(c.SandboxID, c.EnvdAccessToken)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s := startStdin(t, ctx, cl, bash(`touch up; sleep 0.5`))
+	// Once the command runs (the start event comes before), the suspend
+	// waits for it to end.
+	for {
+		if _, err := cl.fs.Stat(ctx, connect.NewRequest(&filesystem.StatRequest{Path: "/home/user/up"})); err == nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := ts.srv.SuspendSession(ctx, "a", c.SandboxID); err != nil {
+		t.Fatal(err)
+	}
+	waitRan(t, s)
+	// The cleanup has had the time to run.
+	time.Sleep(time.Second)
+	if info, err := ts.srv.Session("a", c.SandboxID); err != nil || info.State != "suspended" {
+		t.Errorf("the sandbox suspended as a command ended: %+v %v, want suspended", info, err)
+	}
+}
