@@ -399,6 +399,7 @@ func TestStdinWaitPace(t *testing.T) {
 		scancel()
 		if connect.CodeOf(err) == connect.CodeDeadlineExceeded {
 			waited, looked := time.Since(start), time.Duration(stats.Load())*statTime
+			t.Logf("a send waited %v and spent %v (%d looks) looking at the spool", waited, looked, stats.Load())
 			if looked*5 > waited {
 				t.Errorf("a send waited %v and spent %v (%d looks) looking at the spool: over a fifth", waited, looked, stats.Load())
 			}
