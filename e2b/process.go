@@ -405,6 +405,9 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 		Stdout: &streamWriter{mu: &mu, send: send, p: p},
 		Stderr: &streamWriter{mu: &mu, send: send, p: p, stderr: true},
 	})
+	if spool != nil {
+		spool.end()
+	}
 	if err != nil {
 		return rpcError(err)
 	}

@@ -85,6 +85,31 @@ func (sp *stdinSpool) acquire(ctx context.Context) error {
 
 func (sp *stdinSpool) release() { <-sp.lock }
 
+// end says the command has ended: a send waiting for it stops waiting.
+func (sp *stdinSpool) end() { sp.endOnce.Do(func() { close(sp.ended) }) }
+
+// stdinEndGrace is how long a failed write to the spool waits to see
+// whether the command's end came with the failure.
+const stdinEndGrace = 2 * time.Second
+
+// endedWith reports whether the failure of a write to the spool came with
+// the command's end: at the container level a run's end kills every
+// process of the instance but its init, the one that writes a file for
+// moat too, so the last write before the end (the "eof" that ends it above
+// all) can fail after it was done. It waits up to stdinEndGrace for the
+// end (ctx bounds the wait).
+func (sp *stdinSpool) endedWith(ctx context.Context) bool {
+	t := time.NewTimer(stdinEndGrace)
+	defer t.Stop()
+	select {
+	case <-sp.ended:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return false
+}
+
 // stdinCleanup bounds what endStdin spends removing a spool, since it
 // runs once the client has gone and no request bounds it.
 const stdinCleanup = 30 * time.Second
@@ -152,10 +177,14 @@ func (ps *processService) send(ctx context.Context, sb *sandbox, sp *stdinSpool,
 		}
 	}
 	name := path.Join(sp.dir, strconv.Itoa(sp.next))
-	if err := sess.WriteFile(ctx, name+".part", bytes.NewReader(data)); err != nil {
-		return fsError(err)
+	err = sess.WriteFile(ctx, name+".part", bytes.NewReader(data))
+	if err == nil {
+		err = sess.Rename(ctx, name+".part", name)
 	}
-	if err := sess.Rename(ctx, name+".part", name); err != nil {
+	if err != nil {
+		if sp.endedWith(ctx) {
+			return connect.NewError(connect.CodeNotFound, errors.New("e2b: the command ended as its input was sent"))
+		}
 		return fsError(err)
 	}
 	sp.next++
@@ -178,7 +207,10 @@ func (ps *processService) closeStdin(ctx context.Context, sb *sandbox, sp *stdin
 	}
 	defer done()
 	if err := sess.WriteFile(ctx, path.Join(sp.dir, "eof"), bytes.NewReader(nil)); err != nil {
-		return fsError(err)
+		if !sp.endedWith(ctx) {
+			return fsError(err)
+		}
+		// The input of a command that has ended is closed.
 	}
 	sp.closed = true
 	return nil
@@ -193,7 +225,7 @@ func (ps *processService) closeStdin(ctx context.Context, sb *sandbox, sp *stdin
 // it, the wait for a send in progress included. It never resumes a
 // suspended sandbox to clean up.
 func (ps *processService) endStdin(ctx context.Context, sb *sandbox, sp *stdinSpool) {
-	sp.endOnce.Do(func() { close(sp.ended) })
+	sp.end()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stdinCleanup)
 	defer cancel()
 	if sp.acquire(ctx) != nil {

@@ -2,7 +2,9 @@ package e2b_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -474,5 +476,51 @@ func TestStdinCleanupDoesNotResume(t *testing.T) {
 	time.Sleep(time.Second)
 	if info, err := ts.srv.Session("a", c.SandboxID); err != nil || info.State != "suspended" {
 		t.Errorf("the sandbox suspended as a command ended: %+v %v, want suspended", info, err)
+	}
+}
+
+// killedAfterEOF is a sandbox whose sessions' write of a spool's "eof"
+// fails after it was done, once the command had the time to end: what a
+// run's end does at the container level, where it kills every process of
+// the instance, the one that wrote the file too.
+type killedAfterEOF struct{ moat.Sandbox }
+
+func (s killedAfterEOF) NewSession(ctx context.Context, opts moat.SessionOptions) (moat.Session, error) {
+	sess, err := s.Sandbox.(moat.Sessioner).NewSession(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return killedAfterEOFSession{sess}, nil
+}
+
+type killedAfterEOFSession struct{ moat.Session }
+
+func (ss killedAfterEOFSession) WriteFile(ctx context.Context, name string, r io.Reader) error {
+	if err := ss.Session.WriteFile(ctx, name, r); err != nil || !strings.HasSuffix(name, "/eof") {
+		return err
+	}
+	time.Sleep(300 * time.Millisecond)
+	return errors.New("session exec /usr/bin/python3: exit 137")
+}
+
+// The end of a command's input is closed when the command ends with it,
+// even if the write of the end failed with the command's end.
+func TestStdinCloseAsTheCommandEnds(t *testing.T) {
+	ts := startServer(t, moat.Limits{WallTime: moat.Duration(60 * time.Second)}, func(sc *server.Config, _ *e2b.Config) {
+		sc.Sandboxes[moat.LevelSubprocess] = killedAfterEOF{sc.Sandboxes[moat.LevelSubprocess]}
+	})
+	c := ts.create(t, keyA, map[string]any{"templateID": "base"})
+	cl := ts.clients(c.SandboxID, c.EnvdAccessToken)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s := startStdin(t, ctx, cl, bash(`cat; echo eof`))
+	if err := sendStdin(ctx, cl, s.pid, "one\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := closeStdin(ctx, cl, s.pid); err != nil {
+		t.Errorf("close as the command ends: %v", err)
+	}
+	if r := waitRan(t, s); r.stdout != "one\neof\n" || r.end.GetExitCode() != 0 {
+		t.Errorf("stdout %q, end %+v", r.stdout, r.end)
 	}
 }
