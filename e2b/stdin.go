@@ -262,7 +262,8 @@ func (ps *processService) endStdin(ctx context.Context, sb *sandbox, sp *stdinSp
 // Nothing in it blocks past stop: the launcher sets stop when the command
 // has ended, and the relay then ends within one pause (50 ms) and one
 // chunk's read, even when a process the command left holds the pipe and
-// reads nothing (w is non-blocking, written when select says it can be),
+// reads nothing (w is non-blocking, written when poll says it can be:
+// select would refuse a descriptor past 1023),
 // or when the code put something other than a regular file where a chunk
 // goes (a FIFO is opened without blocking, and anything but a regular
 // file ends the input).
@@ -271,6 +272,8 @@ const stdinRelay = `def relay(d, w, stop):
     n, pause = 0, 0.002
     try:
         os.set_blocking(w, False)
+        po = select.poll()
+        po.register(w, select.POLLOUT)
         while not stop.is_set():
             p = os.path.join(d, str(n))
             try:
@@ -296,7 +299,7 @@ const stdinRelay = `def relay(d, w, stop):
             n, pause = n + 1, 0.002
             data = b"".join(parts)
             while data and not stop.is_set():
-                select.select([], [w], [], 0.05)
+                po.poll(50)
                 try:
                     data = data[os.write(w, data):]
                 except BlockingIOError:

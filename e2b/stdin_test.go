@@ -524,3 +524,28 @@ func TestStdinCloseAsTheCommandEnds(t *testing.T) {
 		t.Errorf("stdout %q, end %+v", r.stdout, r.end)
 	}
 }
+
+// The relay waits on a descriptor of any number: in a live interpreter
+// that holds more than 1024 files (select's limit) a command still gets
+// its input.
+func TestStdinManyFiles(t *testing.T) {
+	ts := startServer(t, moat.Limits{WallTime: moat.Duration(60 * time.Second), OpenFiles: 4096}, nil)
+	c := ts.create(t, keyA, map[string]any{"templateID": "code-interpreter-v1"})
+	cl := ts.clients(c.SandboxID, c.EnvdAccessToken)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	_, objs := execute(t, ts, c, map[string]any{"code": "import os\nheld = [os.open('/dev/null', os.O_RDONLY) for _ in range(1100)]\nlen(held)"})
+	if res, _ := of(objs, "result"); len(res) != 1 || res[0]["text"] != "1100" {
+		t.Fatalf("holding 1100 files: %v", objs)
+	}
+	s := startStdin(t, ctx, cl, bash(`cat`))
+	if err := sendStdin(ctx, cl, s.pid, "through\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := closeStdin(ctx, cl, s.pid); err != nil {
+		t.Fatal(err)
+	}
+	if r := waitRan(t, s); r.stdout != "through\n" || r.stderr != "" || r.end.GetExitCode() != 0 {
+		t.Errorf("stdout %q, stderr %q, end %+v", r.stdout, r.stderr, r.end)
+	}
+}
