@@ -12,6 +12,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -147,14 +148,15 @@ type networkBody struct {
 var allTraffic = map[string]bool{"0.0.0.0/0": true, "::/0": true}
 
 // checkNetwork maps what a create asks of the network onto the template's
-// network profile, which is all a sandbox ever gets: the request chooses
-// no policy. It may ask for less than the profile allows only where moat
-// can give that, and never gets more than it asked:
+// network policy (its profile's, or Config.Policy for a template without
+// one), which is all a sandbox ever gets: the request chooses no policy.
+// It may ask for less than the policy allows only where moat can give
+// that, and never gets more than it asked:
 //
-//   - A template without network satisfies any request: the code reaches
+//   - A policy without network satisfies any request: the code reaches
 //     nothing, less than any rule allows.
 //   - allowInternetAccess false, or denyOut with ALL_TRAFFIC, asks that
-//     nothing but allowOut be reached: every host of the profile must be
+//     nothing but allowOut be reached: every host of the policy must be
 //     one that allowOut allows (a host name, "*.domain", with a port or
 //     not), else 400, naming the host.
 //   - denyOut of other addresses, with the rest allowed, cannot be kept by
@@ -186,34 +188,121 @@ func (s *Server) checkNetwork(b createBody, tpl Template) error {
 			deny = append(deny, d)
 		}
 	}
-	if tpl.Network == "" {
+	// What the template's sandboxes reach: the policy of its profile, or
+	// the one of the sandboxes without a profile.
+	pol, known, what := s.cfg.Policy, true, "the server's network (no profile)"
+	if tpl.Network != "" {
+		pol, known = s.cfg.Sessions.ProfilePolicy(tpl.Network)
+		what = fmt.Sprintf("network profile %q", tpl.Network)
+	}
+	if known && !pol.Enabled() {
 		return nil
 	}
 	if !denyAll {
 		if len(deny) > 0 {
-			return errorf(http.StatusBadRequest, "network.denyOut %v: template %q reaches hosts by name through moat's proxy (network profile %q), which cannot deny addresses and allow the rest: deny ALL_TRAFFIC and allow the hosts you want", deny, b.TemplateID, tpl.Network)
+			return errorf(http.StatusBadRequest, "network.denyOut %v: template %q reaches hosts by name through moat's proxy (%s), which cannot deny addresses and allow the rest: deny ALL_TRAFFIC and allow the hosts you want", deny, b.TemplateID, what)
 		}
 		return nil
 	}
-	pol, ok := s.cfg.Sessions.ProfilePolicy(tpl.Network)
-	if !ok {
-		return errorf(http.StatusBadRequest, "network: template %q's network profile %q has no policy to compare with allowOut: use a template without network", b.TemplateID, tpl.Network)
+	if !known {
+		return errorf(http.StatusBadRequest, "network: template %q's %s has no policy to compare with allowOut: use a template without network", b.TemplateID, what)
 	}
 	asked := &moat.Network{Allow: nb.AllowOut}
-	if pol.Network != nil {
-		for _, h := range pol.Network.Allow {
-			if !asked.AllowsAll(h) {
-				return errorf(http.StatusBadRequest, "network: template %q's network profile %q reaches %s, which allowOut %v does not allow: moat gives a template's network whole: allow that host too, or use a template with less network", b.TemplateID, tpl.Network, h, nb.AllowOut)
+	for _, h := range pol.Network.Allow {
+		if !asked.AllowsAll(h) {
+			return errorf(http.StatusBadRequest, "network: template %q's %s reaches %s, which allowOut %v does not allow: moat gives a template's network whole: allow that host too, or use a template with less network", b.TemplateID, what, h, nb.AllowOut)
+		}
+	}
+	return nil
+}
+
+// granted reports whether owner's token may use the network profile name.
+func (s *Server) granted(owner, name string) bool {
+	for _, t := range s.cfg.Tokens {
+		if t.Name == owner {
+			return slices.Contains(t.NetworkProfiles, name)
+		}
+	}
+	return false
+}
+
+func present(m json.RawMessage) bool { return len(m) > 0 && string(m) != "null" }
+
+// jsonNames are the JSON names of the fields of the struct type t.
+func jsonNames(t reflect.Type) []string {
+	var out []string
+	for i := range t.NumField() {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+		out = append(out, name)
+	}
+	return out
+}
+
+var (
+	createFields  = jsonNames(reflect.TypeFor[createBody]())
+	networkFields = jsonNames(reflect.TypeFor[networkBody]())
+)
+
+// nearName folds a JSON name to what its spellings share: lower case,
+// without '_' and '-' ("allowInternetAccess", "allow_internet_access").
+func nearName(s string) string {
+	return strings.NewReplacer("_", "", "-", "").Replace(strings.ToLower(s))
+}
+
+// checkKeys refuses a JSON object (a create's body, or its network) that
+// names one of fields twice, as encoding/json matches a name (case aside:
+// it keeps the last, where another reader may keep the first), or in a
+// spelling that encoding/json does not match and so would ignore:
+// "allowInternetAccess" for "allow_internet_access" would give the
+// template's network to a create that asked for none. Names unknown in
+// every spelling are let through, as the SDKs send some moat has no use
+// for. What is not an object is left to the decoder's word.
+func checkKeys(raw []byte, where string, fields []string) error {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil
+		}
+		k, _ := tok.(string)
+		var v json.RawMessage
+		if dec.Decode(&v) != nil {
+			return nil
+		}
+		for _, f := range fields {
+			switch {
+			case strings.EqualFold(k, f):
+				if seen[f] {
+					return errorf(http.StatusBadRequest, "%s: %q given twice", where, f)
+				}
+				seen[f] = true
+				if f == "network" && where == "body" {
+					if err := checkKeys(v, "network", networkFields); err != nil {
+						return err
+					}
+				}
+			case nearName(k) == nearName(f):
+				return errorf(http.StatusBadRequest, "%s: %q is not a field moat reads: did you mean %q?", where, k, f)
 			}
 		}
 	}
 	return nil
 }
 
-func present(m json.RawMessage) bool { return len(m) > 0 && string(m) != "null" }
-
 func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, owner string) error {
 	var b createBody
+	raw, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+	if err != nil {
+		return errorf(http.StatusBadRequest, "body: %v", err)
+	}
+	if err := checkKeys(raw, "body", createFields); err != nil {
+		return err
+	}
+	r.Body = io.NopCloser(bytes.NewReader(raw))
 	if err := decodeBody(r, &b); err != nil {
 		return err
 	}
@@ -244,6 +333,12 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, owner stri
 	}
 	if b.AutoPause != nil && *b.AutoPause {
 		return errorf(http.StatusBadRequest, "onTimeout pause is not supported by moat: a sandbox ends at its timeout; pause it before")
+	}
+	// The grant first: what checkNetwork says of a profile's hosts is for
+	// those who may use it (GET /v1/network_profiles shows them to no one
+	// else).
+	if tpl.Network != "" && !s.granted(owner, tpl.Network) {
+		return errorf(http.StatusForbidden, "template %q: its network profile is not one this key's token may use", b.TemplateID)
 	}
 	if err := s.checkNetwork(b, tpl); err != nil {
 		return err

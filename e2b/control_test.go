@@ -117,11 +117,20 @@ func TestTemplatesFromConfig(t *testing.T) {
 func TestTemplateNetworkGrant(t *testing.T) {
 	ts2 := startServer(t, moat.Limits{}, func(sc *server.Config, c *e2b.Config) {
 		sc.Profiles = map[string]map[moat.Level]moat.Sandbox{"pypi": {moat.LevelSubprocess: sc.Sandboxes[moat.LevelSubprocess]}}
+		sc.ProfilePolicies = map[string]moat.Egress{"pypi": {Network: &moat.Network{Allow: []string{"pypi.org"}}}}
 		sc.Tokens[0].NetworkProfiles = []string{"pypi"}
 		c.Templates = map[string]e2b.Template{"net": {Network: "pypi"}}
 	})
 	if resp := ts2.do(t, keyB, "POST", "/v2/sandboxes", map[string]any{"templateID": "net"}, nil); resp.StatusCode != http.StatusForbidden {
 		t.Errorf("b, not granted pypi: %d, want 403", resp.StatusCode)
+	}
+	// Whatever b asks of the network: the answer says nothing of the
+	// profile's hosts.
+	var refused struct {
+		Message string `json:"message"`
+	}
+	if resp := ts2.do(t, keyB, "POST", "/v2/sandboxes", map[string]any{"templateID": "net", "network": map[string]any{"denyOut": []string{"0.0.0.0/0"}}}, &refused); resp.StatusCode != http.StatusForbidden || strings.Contains(refused.Message, "pypi.org") {
+		t.Errorf("b, not granted pypi, denying all: %d %q, want 403 without the profile's hosts", resp.StatusCode, refused.Message)
 	}
 	if resp := ts2.do(t, keyA, "POST", "/v2/sandboxes", map[string]any{"templateID": "net", "allow_internet_access": true}, nil); resp.StatusCode != 201 {
 		t.Errorf("a, granted pypi: %d, want 201", resp.StatusCode)
@@ -150,7 +159,7 @@ func TestCreateNetwork(t *testing.T) {
 	all := []string{"0.0.0.0/0"}
 	for _, tc := range []struct {
 		name    string
-		body    map[string]any
+		body    any
 		status  int
 		profile string
 		says    string
@@ -166,6 +175,14 @@ func TestCreateNetwork(t *testing.T) {
 		{"addresses denied, the rest allowed", map[string]any{"templateID": "net", "network": map[string]any{"denyOut": []string{"10.0.0.0/8"}}}, 400, "", "denyOut"},
 		{"a profile without a policy to compare", map[string]any{"templateID": "bare", "network": map[string]any{"denyOut": all}}, 400, "", "no policy"},
 		{"maskRequestHost", map[string]any{"templateID": "net", "network": map[string]any{"maskRequestHost": "x"}}, 400, "", "maskRequestHost"},
+		// A spelling that encoding/json would not match, and so ignore.
+		{"allowInternetAccess false, camel-cased", map[string]any{"templateID": "net", "allowInternetAccess": false}, 400, "", "allow_internet_access"},
+		{"ALLOW_INTERNET_ACCESS false", map[string]any{"templateID": "net", "ALLOW_INTERNET_ACCESS": false}, 400, "", "pypi.org"},
+		{"a field moat has no use for", map[string]any{"templateID": "net", "autoPauseMemory": false}, 201, "pypi", ""},
+		// A name given twice, where readers disagree on which holds.
+		{"allow_internet_access twice", json.RawMessage(`{"templateID": "net", "allow_internet_access": false, "Allow_Internet_Access": true}`), 400, "", "twice"},
+		{"network twice", json.RawMessage(`{"templateID": "net", "network": {"denyOut": ["0.0.0.0/0"]}, "network": null}`), 400, "", "twice"},
+		{"denyOut twice", json.RawMessage(`{"templateID": "net", "network": {"denyOut": ["0.0.0.0/0"], "DENYOUT": []}}`), 400, "", "twice"},
 	} {
 		var body struct {
 			SandboxID string `json:"sandboxID"`
@@ -186,6 +203,41 @@ func TestCreateNetwork(t *testing.T) {
 	}
 	if n := len(ts.srv.Sessions("a")); n != 0 {
 		t.Errorf("%d sessions left", n)
+	}
+}
+
+// A template without a network profile runs in the server's sandboxes
+// without one, which have the operator's top-level network when it gave
+// them one (Config.Policy): a create that asks for no network, or only
+// for hosts that policy exceeds, is refused there as for a profile.
+func TestCreateNetworkNoProfile(t *testing.T) {
+	ts := startServer(t, moat.Limits{}, func(sc *server.Config, c *e2b.Config) {
+		c.Policy = moat.Egress{Network: &moat.Network{Allow: []string{"pypi.org"}}}
+	})
+	all := []string{"0.0.0.0/0"}
+	for _, tc := range []struct {
+		name   string
+		body   map[string]any
+		status int
+		says   string
+	}{
+		{"allowInternetAccess false", map[string]any{"templateID": "base", "allow_internet_access": false}, 400, "pypi.org"},
+		{"ALL_TRAFFIC denied", map[string]any{"templateID": "code-interpreter-v1", "network": map[string]any{"denyOut": all}}, 400, "pypi.org"},
+		{"addresses denied, the rest allowed", map[string]any{"templateID": "base", "network": map[string]any{"denyOut": []string{"10.0.0.0/8"}}}, 400, "denyOut"},
+		{"only the policy's host", map[string]any{"templateID": "base", "network": map[string]any{"denyOut": all, "allowOut": []string{"PyPI.org."}}}, 201, ""},
+		{"nothing asked", map[string]any{"templateID": "base"}, 201, ""},
+	} {
+		var body struct {
+			SandboxID string `json:"sandboxID"`
+			Message   string `json:"message"`
+		}
+		resp := ts.do(t, keyA, "POST", "/v2/sandboxes", tc.body, &body)
+		if resp.StatusCode != tc.status || !strings.Contains(body.Message, tc.says) {
+			t.Errorf("%s: %d %q, want %d saying %q", tc.name, resp.StatusCode, body.Message, tc.status, tc.says)
+		}
+		if resp.StatusCode == 201 {
+			ts.do(t, keyA, "DELETE", "/sandboxes/"+body.SandboxID, nil, nil)
+		}
 	}
 }
 

@@ -70,7 +70,9 @@ type Template struct {
 	// default level.
 	Level moat.Level `json:"level,omitempty"`
 	// Network is the network profile of its sandboxes; the key's token
-	// must be granted it. Empty means no network.
+	// must be granted it. Empty means the server's sandboxes without a
+	// profile (server.Config.Sandboxes), whose policy is Config.Policy:
+	// no network unless the operator gave those one.
 	Network string `json:"network,omitempty"`
 	// Interpreter keeps a live interpreter in its sandboxes' sessions, so
 	// that runCode's variables stay from one call to the next (as the
@@ -96,6 +98,13 @@ type Config struct {
 	// Templates are the template names a create may ask for. Nil means
 	// DefaultTemplates; an unknown name is refused with 400.
 	Templates map[string]Template
+	// Policy is the egress policy of the server's sandboxes without a
+	// network profile (server.Config.Sandboxes): what a template without
+	// Network reaches, held against what a create asks as a profile's is.
+	// The zero value says those sandboxes have no network; an embedder
+	// whose Sandboxes have one must set it, or a create that asks for no
+	// network (allowInternetAccess false) would get theirs.
+	Policy moat.Egress
 	// MaxFileBytes caps one uploaded file. Zero means 16MiB; the level's
 	// own file size and disk limits apply as well.
 	MaxFileBytes moat.Bytes

@@ -365,21 +365,19 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 		return err
 	}
 	var spool *stdinSpool
+	stdinDir := ""
 	if req.Msg.GetStdin() {
 		var err error
 		if spool, err = ps.newStdinSpool(ctx, sb); err != nil {
 			return err
 		}
-		// Not under the request's context: the spool goes even when the
-		// client has.
-		defer ps.endStdin(context.WithoutCancel(ctx), sb, spool)
-	}
-	stdinDir := ""
-	if spool != nil {
 		stdinDir = spool.dir
 	}
 	code, err := launchCode(req.Msg.GetProcess(), sb.envs, sb.interpreter, stdinDir)
 	if err != nil {
+		if spool != nil {
+			ps.endStdin(ctx, sb, spool)
+		}
 		return err
 	}
 	runCtx, cancel := context.WithCancel(ctx)
@@ -387,6 +385,14 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 	p := &proc{tag: req.Msg.GetTag(), config: req.Msg.GetProcess(), cancel: cancel, stdin: spool}
 	sb.procs.add(p)
 	defer sb.procs.remove(p)
+	if spool != nil {
+		// Before the command leaves the table, so that a pause (refused
+		// while a command is listed) never comes between the command's
+		// end and this, which would then resume the sandbox to clean up.
+		// Not under the request's context: the spool goes even when the
+		// client has.
+		defer ps.endStdin(ctx, sb, spool)
+	}
 	defer p.closeSubs()
 	var mu sync.Mutex
 	send := func(ev *process.ProcessEvent) error { return stream.Send(&process.StartResponse{Event: ev}) }
@@ -399,6 +405,9 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 		Stdout: &streamWriter{mu: &mu, send: send, p: p},
 		Stderr: &streamWriter{mu: &mu, send: send, p: p, stderr: true},
 	})
+	if spool != nil {
+		spool.end()
+	}
 	if err != nil {
 		return rpcError(err)
 	}

@@ -189,7 +189,9 @@ func cmdServe(ctx context.Context, args []string, stdio Stdio) int {
 	var e2bSrv *http.Server
 	e2bDone := make(chan error, 1)
 	if e2bLn != nil {
-		api, err := e2b.New(e2b.Config{Sessions: srv, Tokens: tokens, Templates: sc.E2BTemplates, MaxFileBytes: cfg.MaxFileBytes, WriteTimeout: cfg.WriteTimeout, Logger: log})
+		// A template without a profile runs in cfg.Sandboxes, opened with
+		// the top-level policy: the E2B API holds creates against it.
+		api, err := e2b.New(e2b.Config{Sessions: srv, Tokens: tokens, Templates: sc.E2BTemplates, Policy: fc.egress(), MaxFileBytes: cfg.MaxFileBytes, WriteTimeout: cfg.WriteTimeout, Logger: log})
 		if err != nil {
 			srv.Close()
 			<-served2

@@ -373,6 +373,37 @@ func TestServeE2B(t *testing.T) {
 	}
 }
 
+// TestServeE2BTopLevelNetwork serves the E2B API where the config's
+// top-level network gives the sandboxes without a profile some hosts: a
+// create of a template without a profile that asks for no network is
+// refused, not given those hosts.
+func TestServeE2BTopLevelNetwork(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI must run as root: the subprocess level needs it")
+		}
+		t.Skip("the subprocess level needs root (CI runs this as root)")
+	}
+	const key = "e2b_00112233445566778899aabbccddeeff00112233"
+	tokens := writeTokens(t, "alice s3cret-token-0123456789 "+key+"\n", 0o600)
+	conf := writeConfig(t, `{"network": {"allow": ["pypi.test"]}}`)
+	srv, urls := serveWith(t, 20*time.Second, []string{apiListening, e2bListening}, "--config", conf, "--addr", "127.0.0.1:0", "--e2b-addr", "127.0.0.1:0", "--tokens-file", tokens, "--state-dir", t.TempDir(), "--levels", "subprocess")
+	req, _ := http.NewRequest("POST", urls[1]+"/v2/sandboxes", strings.NewReader(`{"templateID":"base","allow_internet_access":false}`))
+	req.Header.Set("X-API-KEY", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 400 || !strings.Contains(string(b), "pypi.test") {
+		t.Errorf("create asking for no network where the sandboxes reach pypi.test: %d %s, want 400 naming it", resp.StatusCode, b)
+	}
+	if code := srv.stop(30 * time.Second); code != exitOK {
+		t.Errorf("exit %d after shutdown: %s", code, srv.log.String())
+	}
+}
+
 // TestServeE2BEveryLevel drives moat serve --levels all with E2B's JS SDK,
 // unchanged, once per level served here, each through a template of the
 // config file's server.e2b_templates. It skips only where node is absent
