@@ -265,12 +265,19 @@ const childLauncher = `def _moat_child(c):
         raise SystemExit(126)
     stop = threading.Event()
     t = None
-    if c["stdin"]:
-        w = os.dup(r.stdin.fileno())
-        r.stdin.close()
-        t = threading.Thread(target=relay, args=(os.path.join(home, c["stdin"]), w, stop), daemon=True)
-        t.start()
     try:
+        if c["stdin"]:
+            w = os.dup(r.stdin.fileno())
+            r.stdin.close()
+            t = threading.Thread(target=relay, args=(os.path.join(home, c["stdin"]), w, stop), daemon=True)
+            try:
+                t.start()
+            except BaseException:
+                # No relay (a thread refused: the pids limit): the
+                # command reads the end of its input, and is waited for.
+                t = None
+                os.close(w)
+                sys.stderr.write("moat: the command's input cannot be relayed: it reads none\n")
         rc = r.wait()
     finally:
         stop.set()
