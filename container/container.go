@@ -58,10 +58,19 @@
 // is written only once moat watches the run from the host (see watch), so
 // no code runs unwatched. The level is a backend of moat's run engine
 // (internal/engine), which owns the run's lifecycle (output cap, wall
-// timer, cancellation, verdict) and keeps Config.Warm containers created
-// and attached ahead of runs (nothing runs in them before a run starts
-// one): creating a container costs the engine tens of milliseconds that
-// then stay out of a run's time. Every
+// timer, cancellation, verdict) and keeps Config.Warm containers ahead of
+// runs: each created, attached to and started, with every restriction
+// above applied, watched from the host and checked for moat's seccomp
+// filter, its python3 already started (`python3 -`) and blocked reading
+// its code from stdin, which it runs only once stdin ends. A run then only
+// writes its code and waits for the end: the engine's create and start of
+// a container and python3's own start stay out of the run's time. Each
+// container, and its python3, serves one run: no PYTHONHASHSEED is set, so
+// every run has its own hash seed and randomness. One that ended while it
+// waited is found at Start, before any code is written, and the engine
+// retries on a fresh one. The CPU its start used counts against the run's
+// CPU time limit (the cgroup counts from its creation); the wall time
+// starts with the run. Every
 // container carries the labels moat.sandbox=1 and moat.owner=<pid> (with the
 // owner's start time and boot id); New removes the containers whose owner is
 // gone, so a moat killed mid-run leaks nothing past the next start. Each run
@@ -163,10 +172,12 @@ type Config struct {
 	UIDCount int `json:"uid_count,omitempty"`
 	// CPUs is the CPU quota, in CPUs. Zero means 1.
 	CPUs float64 `json:"cpus,omitempty"`
-	// Warm is how many containers the engine keeps created and attached
-	// ahead of runs (nothing runs in them until a run starts one), which
-	// takes their creation out of a run's time: engine.Config.Warm, so
-	// zero means 1, -1 means none, and at most 16.
+	// Warm is how many containers the engine keeps ahead of runs, each
+	// started, with its python3 up and waiting for its code (nothing of a
+	// run's code runs in it until a run writes it), which takes their
+	// creation, their start and python3's start out of a run's time:
+	// engine.Config.Warm, so zero means 1, -1 means none (each run makes
+	// and starts its own), and at most 16.
 	Warm int `json:"warm,omitempty"`
 	// SessionCPUTime is the most CPU time one session's container may use
 	// over its whole life, runs and file operations together, read from
@@ -250,10 +261,14 @@ var (
 
 var _ moat.Describer = (*Sandbox)(nil)
 
-// Describe says which runtime runs the containers and how they reach the
-// network; see moat.Describer.
+// Describe says which runtime runs the containers, what is started ahead
+// of runs and how they reach the network; see moat.Describer.
 func (s *Sandbox) Describe() string {
-	return "runtime " + s.b.spec.runtime + "; " + s.b.netDescribe()
+	ahead := "python3 started ahead in each pooled container"
+	if s.b.warm < 0 {
+		ahead = "no container prepared ahead"
+	}
+	return "runtime " + s.b.spec.runtime + "; " + ahead + "; " + s.b.netDescribe()
 }
 
 // backend is the container level under the engine: it prepares containers
@@ -273,6 +288,8 @@ type backend struct {
 	uidFirst int // the range's first uid
 	// sessionCPU is a session's CPU budget over its life.
 	sessionCPU time.Duration
+	// warm is Config.Warm.
+	warm int
 	// filters is the number of seccomp filters the probe's container ran
 	// under (see probeSeccomp); every run's init must show as many. Set
 	// before the engine starts, never changed after; zero while the probe
@@ -402,6 +419,7 @@ func newBackend(cfg Config, cli *client.Client, eng *daemon) (*backend, error) {
 		uids:       uids,
 		uidFirst:   cfg.UIDFirst,
 		sessionCPU: sessionCPU,
+		warm:       cfg.Warm,
 		egress:     cfg.Egress,
 		newRun:     newEgressRun,
 	}, nil

@@ -272,10 +272,11 @@ func TestKillMidRunLeavesNothing(t *testing.T) {
 	}
 	pid := cmd.Process.Pid
 	ctx := context.Background()
-	// The run's container, and the one prepared ahead of the next run.
+	// The run's container, and the one prepared ahead of the next run
+	// (running too, its python3 waiting for code) once it is ready.
 	before := ownedBy(t, ctx, pid)
-	if running(before) != 1 {
-		t.Fatalf("the helper (pid %d) runs %d containers, want 1: %v", pid, running(before), before)
+	if n := running(before); n < 1 || n > 2 {
+		t.Fatalf("the helper (pid %d) runs %d containers, want its run's and at most one prepared ahead: %v", pid, n, before)
 	}
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -285,7 +286,7 @@ func TestKillMidRunLeavesNothing(t *testing.T) {
 	for range lines {
 	}
 	// The helper is dead and cannot clean up: its container still runs.
-	if left := ownedBy(t, ctx, pid); running(left) != 1 {
+	if left := ownedBy(t, ctx, pid); running(left) < 1 {
 		t.Fatalf("after kill -9 of the helper, its containers: %v; want its run's, still running (else this test proves nothing)", left)
 	}
 

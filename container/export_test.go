@@ -2,6 +2,7 @@ package container
 
 import (
 	"context"
+	"io"
 	"time"
 
 	"github.com/moatsandbox/moat/internal/egress"
@@ -48,3 +49,33 @@ func SetEgressRuns(f func(*egress.Proxy) EgressRun) (restore func()) {
 	newEgressRun = f
 	return func() { newEgressRun = old }
 }
+
+// Prepared is one container prepared by a Sandbox's backend as its pool
+// prepares them, for tests that act on it between Prepare and Start.
+type Prepared struct{ in *instance }
+
+// Prepare prepares one container of sb as the pool does.
+func Prepare(ctx context.Context, sb *Sandbox) (*Prepared, error) {
+	in, err := sb.b.Prepare(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &Prepared{in.(*instance)}, nil
+}
+
+// ID is the container's id.
+func (p *Prepared) ID() string { return p.in.id }
+
+// Start starts code in the container, as the engine does, discarding
+// its output, and waits for its end; it returns Start's error, if any.
+func (p *Prepared) Start(ctx context.Context, code []byte) error {
+	proc, err := p.in.Start(ctx, code, io.Discard, io.Discard)
+	if err != nil {
+		return err
+	}
+	_, err = proc.Wait()
+	return err
+}
+
+// Discard discards the container.
+func (p *Prepared) Discard() { p.in.Discard() }

@@ -21,12 +21,21 @@ import (
 	"github.com/moatsandbox/moat/internal/uidpool"
 )
 
-// An instance is a prepared container: created, waited for and attached
-// to, but not started, so that nothing has run in it. Preparing one takes
-// the engine tens of milliseconds (more when it is busy); the engine keeps
-// Config.Warm of them ready so that a run only starts one. Each serves one
-// run at most. Each holds the lease of its own uid from before its creation
-// until it is removed, whether it waits in the pool or runs.
+// An instance is a prepared container: created, waited for, attached to
+// and started, so that its python3 has already started (the runtime's
+// namespaces and cgroups made, the shell and python3 exec'd, Python's own
+// start done) and is blocked reading its code from stdin, under every
+// restriction a run has: the same uid, capabilities, seccomp filter,
+// no-new-privileges, read-only root, limits and network, applied when the
+// container was created, and watched from the host since it started.
+// Python runs nothing of what it reads until stdin ends, so no code runs
+// before Start writes it, and none unwatched. A run's path only writes the
+// code and waits for the end; preparing one takes the engine a hundred
+// milliseconds or more (more when it is busy), which the engine keeps out of
+// runs by holding Config.Warm of them ready. Each serves one run at most,
+// and its python3 with it: every run gets a python3 of its own, with its own
+// hash seed and randomness. Each holds the lease of its own uid from before
+// its creation until it is removed, whether it waits in the pool or runs.
 type instance struct {
 	b        *backend
 	lease    *uidpool.Lease
@@ -36,7 +45,9 @@ type instance struct {
 	waitErrC <-chan error
 	cancel   context.CancelFunc // ends the wait and the attach
 	waited   bool               // a receive from waitC or waitErrC happened
-	p        *process           // the run, once started
+	// p is the run to come, made when the container starts (the watch's
+	// CPU limit kills through it); Start hands it to the engine.
+	p *process
 	// net is the egress proxy's run for this container, nil without a
 	// proxy; l its listener in the container's network namespace, once
 	// started.
@@ -104,7 +115,66 @@ func (b *backend) prepare() (*instance, error) {
 		in.Discard()
 		return nil, fmt.Errorf("container: attach: %w", err)
 	}
+	if err := in.start(ctx); err != nil {
+		in.Discard()
+		return nil, err
+	}
 	return in, nil
+}
+
+// start starts the container, whose python3 then starts and waits for its
+// code on stdin, and makes sure of what a run needs before any code can
+// run: moat watches the container from the host, its init runs under
+// moat's seccomp filter, and the egress proxy listens in it. Any of these
+// that cannot be done fails the preparation, and Discard removes the
+// container: nothing has run in it.
+//
+// The CPU the runtime's init, the shell and python3's start use (tens of
+// milliseconds) is counted in the container's cgroup, and so against the
+// run's CPU time limit, as it was when the container started on the run's
+// path; python3's own start counts against its RLIMIT_CPU too. The wall
+// time is not: the engine starts the wall timer once Start has returned,
+// so the wait in the pool is not the run's.
+func (in *instance) start(ctx context.Context) error {
+	b := in.b
+	if err := b.cli.ContainerStart(ctx, in.id, container.StartOptions{}); err != nil {
+		return fmt.Errorf("container: start: %w", err)
+	}
+	pid, err := b.initPid(ctx, in.id)
+	if err != nil {
+		return fmt.Errorf("container: start: %w", err)
+	}
+	p := &process{in: in}
+	in.p = p
+	// Watch from the host before the code can run. Only root can watch;
+	// without it, New put a note in every Result instead.
+	if b.watched {
+		w, err := startWatch(in.id, pid, b.mountPaths(), time.Duration(b.spec.limits.CPUTime), p.Kill)
+		if err != nil {
+			// No code runs unwatched (the tree's CPU time would go
+			// unbounded).
+			return fmt.Errorf("container: watch: %w", err)
+		}
+		p.w = w
+	}
+	// No code runs without moat's seccomp filter: the init must run under
+	// as many filters as the probe's container did, which the probe showed
+	// to be moat's.
+	if err := b.checkSeccomp(pid); err != nil {
+		return err
+	}
+	// The egress proxy listens in the container before the code can run
+	// (b.egress needs root, so the watch holds the init's pidfd).
+	if in.net != nil {
+		if p.w == nil {
+			return unavailable("a container with network must be watched from the host", "run moat as root", nil)
+		}
+		if in.l, err = listenIn(p.w.pidfd, pid); err != nil {
+			return err
+		}
+		b.serveEgress(in.net, in.l)
+	}
+	return nil
 }
 
 // createError is the error of a failed ContainerCreate.
@@ -152,62 +222,17 @@ func (b *backend) freeUID(ctx context.Context) (*uidpool.Lease, error) {
 	return nil, fmt.Errorf("container: every uid tried is held by a container that cannot be removed: %w", moat.ErrUnavailable)
 }
 
-// Start starts the container and, once moat watches it from the host and
-// its init runs under moat's seccomp filter, writes the code to its stdin;
-// see engine.Instance. Python runs nothing until it has read all of stdin,
-// so no code runs unwatched.
+// Start hands the code to the python3 that waits for it in the container,
+// on its stdin through the attach stream, and closes the stream after it,
+// so that the code's own stdin is at its end; see engine.Instance. A
+// container that ended while it waited in the pool (killed, out of memory,
+// the engine restarted) is reported wrapping engine.ErrStale before any
+// code is written, and the engine retries once on a fresh one.
 func (in *instance) Start(ctx context.Context, code []byte, stdout, stderr io.Writer) (engine.Process, error) {
-	b := in.b
-	select {
-	case err := <-in.waitErrC:
-		// The engine dropped the wait (it restarted, or the container went)
-		// while the container waited in the pool.
-		in.waited = true
-		return nil, fmt.Errorf("container: the wait on a prepared container ended: %w: %w", engine.ErrStale, err)
-	default:
-	}
-	if err := b.cli.ContainerStart(ctx, in.id, container.StartOptions{}); err != nil {
-		if cerrdefs.IsNotFound(err) {
-			return nil, fmt.Errorf("container: start: %w: %w", engine.ErrStale, err)
-		}
-		return nil, fmt.Errorf("container: start: %w", err)
-	}
-	pid, err := b.initPid(ctx, in.id)
-	if err != nil {
-		return nil, fmt.Errorf("container: start: %w", err)
-	}
-	p := &process{in: in}
-	in.p = p
-	// Watch from the host before the code can run. Only root can watch;
-	// without it, New put a note in every Result instead.
-	if b.watched {
-		w, err := startWatch(in.id, pid, b.mountPaths(), time.Duration(b.spec.limits.CPUTime), p.Kill)
-		if err != nil {
-			// No code runs unwatched (the tree's CPU time would go
-			// unbounded): nothing has run yet, and Discard removes the
-			// container.
-			return nil, fmt.Errorf("container: watch: %w", err)
-		}
-		p.w = w
-	}
-	// No code runs without moat's seccomp filter: the init must run under
-	// as many filters as the probe's container did, which the probe showed
-	// to be moat's.
-	if err := b.checkSeccomp(pid); err != nil {
+	if err := in.stale(); err != nil {
 		return nil, err
 	}
-	// The egress proxy listens in the container before the code can run
-	// (b.egress needs root, so the watch holds the init's pidfd).
-	if in.net != nil {
-		if p.w == nil {
-			return nil, unavailable("a container with network must be watched from the host", "run moat as root", nil)
-		}
-		if in.l, err = listenIn(p.w.pidfd, pid); err != nil {
-			return nil, err
-		}
-		b.serveEgress(in.net, in.l)
-	}
-
+	p := in.p
 	// The code goes in on stdin; its end closes stdin.
 	hj := in.hj
 	go func() {
@@ -220,6 +245,34 @@ func (in *instance) Start(ctx context.Context, code []byte, stdout, stderr io.Wr
 		p.outDone <- err
 	}()
 	return p, nil
+}
+
+// stale reports, wrapping engine.ErrStale, a container that can no longer
+// serve a run: the engine's wait on it ended (an exit, or a wait the
+// engine dropped), or its init exited as the host sees it (the watch's
+// pidfd, which is quicker to tell than the engine), or a kill of moat's
+// was asked.
+func (in *instance) stale() error {
+	select {
+	case err := <-in.waitErrC:
+		in.waited = true
+		return fmt.Errorf("container: the wait on a container prepared ahead ended: %w: %w", engine.ErrStale, err)
+	case exit := <-in.waitC:
+		in.waited = true
+		return fmt.Errorf("container: a container prepared ahead exited (status %d) before its run: %w", exit.StatusCode, engine.ErrStale)
+	default:
+	}
+	p := in.p
+	if p.w != nil && p.w.exited() {
+		return fmt.Errorf("container: the init of a container prepared ahead exited before its run: %w", engine.ErrStale)
+	}
+	p.mu.Lock()
+	killed := p.killed
+	p.mu.Unlock()
+	if killed {
+		return fmt.Errorf("container: a container prepared ahead was killed before its run (its CPU time limit): %w", engine.ErrStale)
+	}
+	return nil
 }
 
 // checkSeccomp checks that process pid, not yet running the code, runs

@@ -320,9 +320,9 @@ print(fd >= 0, ctypes.get_errno())
 	}
 }
 
-// TestPoolLeases checks that each container prepared ahead of runs already
-// has a uid of its own, leased (its lock held) while it waits, and that
-// Close frees the leases.
+// TestPoolLeases checks that each container prepared ahead of runs (and
+// running, its python3 waiting for code) already has a uid of its own,
+// leased (its lock held) while it waits, and that Close frees the leases.
 func TestPoolLeases(t *testing.T) {
 	needEngine(t)
 	sb, err := moatcontainer.New(moatcontainer.Config{Warm: 3})
@@ -346,7 +346,7 @@ func TestPoolLeases(t *testing.T) {
 	for {
 		list, err := cli.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(
 			filters.Arg("label", moatcontainer.LabelOwner+"="+strconv.Itoa(os.Getpid())),
-			filters.Arg("status", "created"),
+			filters.Arg("status", "running"),
 		)})
 		if err != nil {
 			t.Fatal(err)

@@ -582,3 +582,16 @@ func readCgroupMounts() (map[string]string, error) {
 	}
 	return m, nil
 }
+
+// exited reports whether the container's init has exited, as its pidfd
+// tells without waiting.
+func (w *watch) exited() bool {
+	fds := []unix.PollFd{{Fd: int32(w.pidfd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds, 0)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		return err != nil || (n > 0 && fds[0].Revents != 0)
+	}
+}
