@@ -391,20 +391,6 @@ func BenchmarkRun(b *testing.B) {
 	}
 }
 
-// BenchmarkWarm times the warm path: a run that finds its container
-// prepared.
-func BenchmarkWarm(b *testing.B) {
-	if err := prepareEngine(); err != nil {
-		b.Skip(err)
-	}
-	sb, err := moatcontainer.New(moatcontainer.Config{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer sb.Close()
-	sandboxtest.BenchmarkWarm(b, sb)
-}
-
 // BenchmarkCLI times the same run through `docker run --rm -i`.
 func BenchmarkCLI(b *testing.B) {
 	if err := prepareEngine(); err != nil {
