@@ -45,6 +45,7 @@ type instance struct {
 	waitErrC <-chan error
 	cancel   context.CancelFunc // ends the wait and the attach
 	waited   bool               // a receive from waitC or waitErrC happened
+	exited   bool               // the receive was from waitC: the container has exited
 	// p is the run to come, made when the container starts (the watch's
 	// CPU limit kills through it); Start hands it to the engine.
 	p *process
@@ -318,6 +319,23 @@ func (in *instance) Discard() {
 		case <-time.After(5 * time.Second):
 		}
 	}
+	if in.exited && in.p != nil && in.b.filters != 0 {
+		// The engine said the container exited: no process of the run is
+		// left, and its removal (the writable layer, the mounts, the
+		// runtime's state) changes nothing of the result. It finishes
+		// after the run has returned; the uid stays leased until it is
+		// done, the backend's Close waits for it, and a removal that a
+		// crash cut short is reaped as any leftover. (The probe's own run,
+		// while filters is zero, is removed before New returns.)
+		in.b.teardown.Add(1)
+		go func() {
+			defer in.b.teardown.Done()
+			if in.b.remove(in.id) {
+				in.lease.Release()
+			}
+		}()
+		return
+	}
 	if in.b.remove(in.id) {
 		in.lease.Release()
 	}
@@ -384,7 +402,7 @@ func (p *process) Wait() (engine.Evidence, error) {
 	var exit container.WaitResponse
 	select {
 	case exit = <-in.waitC:
-		in.waited = true
+		in.waited, in.exited = true, true
 	case err := <-in.waitErrC:
 		in.waited = true
 		return engine.Evidence{}, fmt.Errorf("container: wait: %w", err)

@@ -148,7 +148,11 @@ func TestPooledPythonWaits(t *testing.T) {
 	if err != nil || res.ExitCode != 0 || res.Reason != "" || string(res.Stdout) != "1\n" {
 		t.Fatalf("a run from a container that waited past the wall time: %+v, %v; want 1, exit 0, no reason", res, err)
 	}
-	// The run took the pooled container, which is gone with it.
+	// The run took the pooled container, which goes with it: its
+	// removal finishes after the run returns, by the sandbox's Close.
+	if err := sb.Close(); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := cli.ContainerInspect(context.Background(), ins.ID); err == nil {
 		t.Errorf("the pooled container %s is still there after the run that should have taken it", ins.ID[:12])
 	}
@@ -319,5 +323,47 @@ func BenchmarkRunWarm(b *testing.B) {
 		if err != nil || string(res.Stdout) != "1\n" {
 			b.Fatal(res, err)
 		}
+	}
+}
+
+// TestRemovalAfterRun: a run's container is removed after the run has
+// returned, but nothing of it runs by then: right after Run, every
+// container this process made is exited (the pool is off, so they are the
+// runs'), and after Close none is left.
+func TestRemovalAfterRun(t *testing.T) {
+	needEngine(t)
+	sb, err := moatcontainer.New(moatcontainer.Config{Warm: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx := context.Background()
+	mine := filters.NewArgs(filters.Arg("label", moatcontainer.LabelOwner+"="+strconv.Itoa(os.Getpid())))
+	for range 3 {
+		// The code leaves a process behind: it too is gone with the run.
+		res, err := sb.Run(ctx, moat.Request{Code: []byte("import subprocess\nsubprocess.Popen(['sleep', '60'])\nprint(1)")})
+		if err != nil || string(res.Stdout) != "1\n" {
+			t.Fatalf("%+v %v", res, err)
+		}
+		list, err := cli.ContainerList(ctx, container.ListOptions{All: true, Filters: mine})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range list {
+			if c.State == "running" {
+				t.Errorf("container %s is %s after its run returned", c.ID[:12], c.State)
+			}
+		}
+	}
+	if err := sb.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if left := leftovers(); len(left) > 0 {
+		t.Errorf("left after Close: %v", left)
 	}
 }
