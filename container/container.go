@@ -179,6 +179,11 @@ type Config struct {
 	// engine.Config.Warm, so zero means 1, -1 means none (each run makes
 	// and starts its own), and at most 16.
 	Warm int `json:"warm,omitempty"`
+	// WarmMax is how many containers the pool may grow to under a burst of
+	// runs that found none ready, one more per such run, shrinking back to
+	// Warm after engine.BurstDecay without one (engine.Config.WarmMax).
+	// Zero means Warm: no growth. At most 16.
+	WarmMax int `json:"warm_max,omitempty"`
 	// SessionCPUTime is the most CPU time one session's container may use
 	// over its whole life, runs and file operations together, read from
 	// its cgroup's CPU account. The run that reaches it ends with
@@ -222,6 +227,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.CPUs == 0 {
 		c.CPUs = 1
+	}
+	if err := engine.ValidateWarmMax(moat.LevelContainer, c.Warm, c.WarmMax); err != nil {
+		return c, err
 	}
 	if err := engine.ValidateWarm(moat.LevelContainer, c.Warm); err != nil {
 		return c, err
@@ -302,6 +310,9 @@ type backend struct {
 	// newRun makes each container's or session's run of it.
 	egress *egress.Proxy
 	newRun func(*egress.Proxy) egressRun
+	// teardown counts the removals of exited runs' containers still in
+	// progress (instance.Discard); Close waits for them.
+	teardown sync.WaitGroup
 
 	// The client is closed once the engine closed the backend and the last
 	// session is closed: sessions outlive their Sandbox.
@@ -369,11 +380,12 @@ func New(cfg Config) (*Sandbox, error) {
 	}
 	b.filters = r.filters
 	es, err := engine.New(engine.Config{
-		Level:  moat.LevelContainer,
-		Limits: cfg.Limits,
-		Warm:   cfg.Warm,
-		Notes:  notes,
-		Logger: cfg.Logger,
+		Level:   moat.LevelContainer,
+		Limits:  cfg.Limits,
+		Warm:    cfg.Warm,
+		WarmMax: cfg.WarmMax,
+		Notes:   notes,
+		Logger:  cfg.Logger,
 	}, b)
 	if err != nil {
 		return nil, err
@@ -428,6 +440,7 @@ func newBackend(cfg Config, cli *client.Client, eng *daemon) (*backend, error) {
 // Close releases the engine connection once no session needs it; the
 // engine calls it after it discarded every prepared container.
 func (b *backend) Close() error {
+	b.teardown.Wait() // the removals of exited runs' containers
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.closed = true

@@ -176,6 +176,11 @@ type Config struct {
 	// -1 means none, so that every run boots its own sandbox while it
 	// waits; at most 16. Close kills those still waiting.
 	Warm int `json:"warm,omitempty"`
+	// WarmMax is how many sandboxes the pool may grow to under a burst of
+	// runs that found none ready, one more per such run, shrinking back to
+	// Warm after engine.BurstDecay without one (engine.Config.WarmMax).
+	// Zero means Warm: no growth. At most 16.
+	WarmMax int `json:"warm_max,omitempty"`
 	// SessionCPUTime is the most CPU time the runs of one session may use
 	// in all, counted from the session sandbox's host cgroup while each
 	// run is in progress. The run that reaches it ends with
@@ -204,6 +209,9 @@ func (c Config) Validate() error {
 	case "", PlatformSystrap, PlatformPtrace, PlatformKVM:
 	default:
 		return fmt.Errorf("gvisor: unknown platform %q (systrap, ptrace or kvm): %w", c.Platform, moat.ErrInvalid)
+	}
+	if err := engine.ValidateWarmMax(moat.LevelGVisor, c.Warm, c.WarmMax); err != nil {
+		return err
 	}
 	if err := engine.ValidateWarm(moat.LevelGVisor, c.Warm); err != nil {
 		return err
@@ -294,11 +302,12 @@ func New(cfg Config) (*Sandbox, error) {
 	b.reap()
 	go b.digestRunsc() // for the key of suspended sessions (suspend.go)
 	eng, err := engine.New(engine.Config{
-		Level:  moat.LevelGVisor,
-		Limits: cfg.Limits,
-		Warm:   cfg.Warm,
-		Notes:  b.notes,
-		Logger: b.log,
+		Level:   moat.LevelGVisor,
+		Limits:  cfg.Limits,
+		Warm:    cfg.Warm,
+		WarmMax: cfg.WarmMax,
+		Notes:   b.notes,
+		Logger:  b.log,
 	}, b)
 	if err != nil {
 		return nil, err
