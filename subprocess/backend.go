@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -49,6 +50,9 @@ type backend struct {
 	notes     []string
 	log       *slog.Logger
 	spare     spare // a helper for a session's next run (spare.go)
+	// teardown counts the removals of ended runs still in progress
+	// (instance.Discard); Close waits for them.
+	teardown sync.WaitGroup
 }
 
 var (
@@ -81,6 +85,7 @@ func (b *backend) Prepare(ctx context.Context) (engine.Instance, error) {
 // by then (sessions keep what they hold), and the owner lock lasts as long
 // as this process.
 func (b *backend) Close() error {
+	b.teardown.Wait()
 	b.closeSpare()
 	b.removeCA()
 	return nil

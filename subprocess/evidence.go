@@ -35,8 +35,15 @@ func (p *process) evidence(waitErr error, status []byte) (engine.Evidence, error
 	}
 	var events cgroup.Events
 	if p.group != nil {
-		// The namespace is gone with its init; this only makes sure.
-		if err := p.group.Kill(); err != nil {
+		// The helper killed and reaped every other process of the run
+		// before its report, or the namespace went with the helper; this
+		// only makes sure. A helper that reported is spared: its exit is
+		// its owner's to wait for (reap).
+		kill := p.group.Kill
+		if p.reported.Load() {
+			kill = func() error { return p.group.KillBut(p.h.cmd.Process.Pid) }
+		}
+		if err := kill(); err != nil {
 			return engine.Evidence{}, fmt.Errorf("subprocess: %w", err)
 		}
 		events = p.group.Events()

@@ -204,6 +204,23 @@ func helperMain() int {
 			continue
 		}
 		cpuMS := (ru.Utime.Nano() + ru.Stime.Nano()) / 1e6
+		if os.Getpid() == 1 {
+			// As the init of the run's own PID namespace (and only
+			// then: outside one, -1 would be every process the helper
+			// may signal): every other process of the run is killed and
+			// reaped, and the helper's own ends of the output closed,
+			// before the report, so that moat knows from the report
+			// alone that nothing of the run is left, and sees the end
+			// of the output now, not at the helper's exit.
+			syscall.Kill(-1, syscall.SIGKILL)
+			for {
+				if _, err := syscall.Wait4(-1, nil, 0, nil); errors.Is(err, syscall.ECHILD) || (err != nil && !errors.Is(err, syscall.EINTR)) {
+					break
+				}
+			}
+			syscall.Close(1)
+			syscall.Close(2)
+		}
 		switch {
 		case ws.Exited():
 			fmt.Fprintf(status, "exit %d %d\n", ws.ExitStatus(), cpuMS)

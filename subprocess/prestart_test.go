@@ -107,3 +107,32 @@ func TestPrestartedInterpreter(t *testing.T) {
 		t.Errorf("three runs printed one hash of a string: %v", seen)
 	}
 }
+
+// TestNothingLeftWhenRunReturns: a run returns once the helper has
+// reported, before the helper itself has exited; by then every process
+// the code started, a daemon in a session of its own among them, is gone.
+func TestNothingLeftWhenRunReturns(t *testing.T) {
+	requireRoot(t)
+	sb, err := subprocess.New(subprocess.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	code := `import os, subprocess, sys
+print(os.getuid(), flush=True)
+subprocess.Popen(["sleep", "60"], start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+if os.fork() == 0:
+    os.setsid()
+    os.execvp("sleep", ["sleep", "61"])
+`
+	for range 3 {
+		res := run(t, sb, code)
+		uid, err := strconv.Atoi(strings.TrimSpace(string(res.Stdout)))
+		if err != nil || res.ExitCode != 0 {
+			t.Fatalf("%q %q exit %d", res.Stdout, res.Stderr, res.ExitCode)
+		}
+		if left := processesOf(uid); len(left) != 0 {
+			t.Errorf("processes of the run (uid %d) left as Run returned: %v", uid, left)
+		}
+	}
+}

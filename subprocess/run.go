@@ -1,6 +1,7 @@
 package subprocess
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -45,6 +47,8 @@ type instance struct {
 	dir      string
 	uid, gid int // the run's, or -1 without strict hardening
 	mounted  bool
+	started  bool     // Start succeeded: Discard comes after the run's Wait
+	p        *process // the run, once started
 	lease    *uidpool.Lease
 	group    *cgroup.Group
 	// net serves the run's connections to the egress proxy (network.go),
@@ -134,6 +138,7 @@ func (in *instance) Start(ctx context.Context, code []byte, stdout, stderr io.Wr
 	}
 	p := &process{b: b, h: in.h, group: in.group, dir: in.dir, mounted: in.mounted, atStart: atStart, net: in.net}
 	in.h = nil // the process's now, started or discarded
+	in.p = p
 	p.watch(stdout, stderr)
 	if err := p.h.sendCode(filepath.Join(in.dir, codeName)); err != nil {
 		p.h.discard()
@@ -146,23 +151,52 @@ func (in *instance) Start(ctx context.Context, code []byte, stdout, stderr io.Wr
 		}
 		return nil, err
 	}
+	in.started = true
 	return p, nil
 }
 
 // Discard stops a helper that never got a run and removes everything of
 // the run. What it cannot remove is logged, and reaped by a later New.
+//
+// After a run (the engine calls Discard once the run's Wait has returned:
+// the helper, init of the run's PID namespace, has exited), every process
+// left in the run's cgroup is killed before Discard returns, and the rest
+// (the cgroup's removal, the working directory's unmount and removal, the
+// uid's lease) finishes after the result has returned: it changes nothing
+// of the result, and nothing of the run runs by then. The backend's Close
+// waits for it.
 func (in *instance) Discard() {
 	if in.h != nil {
 		in.h.discard()
 		in.h = nil
 	}
+	if in.net != nil {
+		in.net.Close()
+	}
+	if !in.started {
+		in.remove()
+		return
+	}
+	// The run's Wait found nothing of the code left in its cgroup (the
+	// helper had killed and reaped it before its report): what is left is
+	// the helper's own exit and the removals.
+	in.b.teardown.Add(1)
+	go func() {
+		defer in.b.teardown.Done()
+		in.remove()
+	}()
+}
+
+// remove removes what is left of the instance: the helper, once it has
+// exited, then its cgroup, its directory and its uid.
+func (in *instance) remove() {
 	warn := func(err error) {
 		if err != nil {
 			in.b.log.Warn("subprocess: cleanup", "id", in.id, "err", err)
 		}
 	}
-	if in.net != nil {
-		in.net.Close()
+	if in.p != nil {
+		in.p.reap()
 	}
 	if in.group != nil {
 		warn(in.group.Kill())
@@ -294,6 +328,10 @@ type process struct {
 	stopCPU    func()
 	cpuOver    atomic.Bool // the CPU watch killed the run
 	killed     atomic.Bool // Kill was called
+	reported   atomic.Bool // Wait read the helper's report
+
+	reapOnce sync.Once
+	waitErr  error // the helper's exit, once reaped
 }
 
 // errHelperGone says the helper ended before it took its spec.
@@ -342,14 +380,32 @@ func (p *process) Kill() {
 	p.h.cmd.Process.Kill()
 }
 
-// Wait waits for the helper to end and for the last of its output, and
+// Wait waits for the run's end and for the last of its output, and
 // returns the evidence; see engine.Process.
+//
+// The run has ended when the helper reports python3's end: as the init of
+// the run's PID namespace it has killed and reaped every other process of
+// the run by then, and closed its own ends of the output (helper.go). So
+// Wait needs only the report, the end of the output and a look at the
+// run's cgroup, which must hold nothing but the helper; the helper's own
+// exit (the namespaces' teardown, a millisecond or two) is waited for by
+// the run's owner afterwards (reap). When the helper ends without a report
+// (killed: by the engine, the CPU watch, the OOM killer), its exit is
+// waited for here.
 func (p *process) Wait() (engine.Evidence, error) {
 	if p.release != nil {
+		// A session's run: its cgroup and code file are removed now,
+		// after the helper has gone.
 		defer p.release()
+		defer p.reap()
 	}
-	defer p.h.closeFiles()
-	waitErr := p.h.cmd.Wait()
+	status := readReport(p.h.status)
+	var waitErr error
+	if _, ok := parseStatus(status); ok {
+		p.reported.Store(true)
+	} else {
+		waitErr = p.reapErr()
+	}
 	p.stopCPU()
 	// Every holder of the output pipes was in the namespace, now gone; the
 	// bound only guards against a kernel that is slow to tear it down.
@@ -362,10 +418,44 @@ func (p *process) Wait() (engine.Evidence, error) {
 			<-p.copied
 		}
 	}
-	status, _ := io.ReadAll(io.LimitReader(p.h.status, 4096))
 	ev, err := p.evidence(waitErr, status)
 	if err == nil && p.net != nil {
 		ev.Notes = append(ev.Notes, p.net.Notes()...)
 	}
 	return ev, err
 }
+
+// readReport reads the helper's report: its first line that is not
+// "started", or what it wrote before it ended without one (at most 4 KiB).
+func readReport(f *os.File) []byte {
+	var buf []byte
+	var b [256]byte
+	for len(buf) < 4096 {
+		n, err := f.Read(b[:])
+		buf = append(buf, b[:n]...)
+		if line := bytes.TrimPrefix(buf, []byte("started\n")); bytes.IndexByte(line, '\n') >= 0 {
+			return buf
+		}
+		if err != nil {
+			return buf
+		}
+	}
+	return buf
+}
+
+// reapErr waits for the helper's exit, once, and closes its files; it
+// returns the exit's error. A helper that has reported has nothing left to
+// do: it is killed first, so that a stuck one cannot hold its owner.
+func (p *process) reapErr() error {
+	p.reapOnce.Do(func() {
+		if p.reported.Load() {
+			p.h.cmd.Process.Kill()
+		}
+		p.waitErr = p.h.cmd.Wait()
+		p.h.closeFiles()
+	})
+	return p.waitErr
+}
+
+// reap is reapErr for a caller that needs no error.
+func (p *process) reap() { p.reapErr() }

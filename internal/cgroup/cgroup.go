@@ -367,6 +367,27 @@ func (g *Group) Kill() error {
 	return fmt.Errorf("cgroup: processes remain in %s after kill", g.name)
 }
 
+// KillBut kills every process in the group but keep, as Kill does on v1
+// (the group is not frozen first: keep, which is the caller's, does not
+// fork), and waits, bounded, until none but keep is left.
+func (g *Group) KillBut(keep int) error {
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		n := 0
+		for _, p := range g.Pids() {
+			if p != keep {
+				syscall.Kill(p, syscall.SIGKILL)
+				n++
+			}
+		}
+		if n == 0 {
+			return nil
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return fmt.Errorf("cgroup: processes remain in %s after kill", g.name)
+}
+
 func (g *Group) waitEmpty() error {
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
