@@ -68,6 +68,20 @@ func (p *pool) take(ctx context.Context) (Instance, error) {
 	return p.b.Prepare(ctx)
 }
 
+// takeReady returns a prepared instance if one waits, and never prepares
+// one.
+func (p *pool) takeReady() (Instance, bool) {
+	select {
+	case inst := <-p.ready:
+		if !p.refillAfter {
+			p.poke()
+		}
+		return inst, true
+	default:
+		return nil, false
+	}
+}
+
 func (p *pool) fill() {
 	defer close(p.done)
 	pause := time.Duration(0)
