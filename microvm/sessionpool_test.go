@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -42,6 +43,7 @@ func fromThePool(ss *vmSession) bool { return strings.Contains(ss.how, "(the poo
 // directory is empty and its writable layer has the session's disk limit.
 // The pool refills after the session took its VM; Close kills the VM.
 func TestSessionFromPool(t *testing.T) {
+	parallel(t)
 	const disk = 48 * moat.MiB
 	sb := open(t, requireVMs(t), moat.Limits{Disk: disk})
 	waitForPool(t, sb)
@@ -127,6 +129,7 @@ print(json.dumps({"hash": hash('moat-seed'), "seed": os.environ.get('PYTHONHASHS
 // A pooled VM that ended while it waited does not become a session:
 // NewSession restores a fresh one.
 func TestSessionStalePool(t *testing.T) {
+	parallel(t)
 	sb := open(t, noPool(t), moat.Limits{})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -211,4 +214,85 @@ func TestFromPool(t *testing.T) {
 			t.Errorf("the session: pooled %v (%s), interpreter %v, paused %d times; want the pool's VM, paused once", ss.vm == vm, ss.how, ss.interp, vm.paused.Load())
 		}
 	})
+}
+
+// BenchmarkNewSession measures, alternating in one run, NewSession and
+// NewSession with its first run of print(1), the session's VM taken from
+// the pool (the pool given the time to refill in between) or restored by
+// NewSession itself (a sandbox without a pool), plain and with a live
+// interpreter, and reports the median of each:
+//
+//	go test -run '^$' -bench NewSession -benchtime 5x ./microvm
+func BenchmarkNewSession(b *testing.B) {
+	for _, interp := range []bool{false, true} {
+		name := "plain"
+		if interp {
+			name = "interpreter"
+		}
+		b.Run(name, func(b *testing.B) { benchNewSession(b, moat.SessionOptions{Interpreter: interp}) })
+	}
+}
+
+func benchNewSession(b *testing.B, opts moat.SessionOptions) {
+	if a := Check(context.Background(), Config{}); !a.Available {
+		b.Skipf("the microvm level cannot run here: %s", a.Reason)
+	}
+	pooled, err := New(Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pooled.Close()
+	own, err := New(Config{Warm: -1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer own.Close()
+	// NewSession of pooled takes the pool's VM once it is ready.
+	ready := func() engine.Instance {
+		for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if inst, ok := pooled.Sandbox.TakeReady(); ok {
+				return inst
+			}
+		}
+		b.Fatal("the pool had no VM ready within a minute")
+		return nil
+	}
+	ctx := context.Background()
+	var made, first = map[string][]time.Duration{}, map[string][]time.Duration{}
+	b.ResetTimer()
+	for range b.N {
+		for _, k := range []string{"pool", "own"} {
+			sb := own
+			if k == "pool" {
+				sb = pooled
+				inst := ready()
+				pooled.b.takeReady = func() (engine.Instance, bool) { return inst, true }
+			}
+			start := time.Now()
+			ss, err := sb.NewSession(ctx, opts)
+			if err != nil {
+				b.Fatal(err)
+			}
+			made[k] = append(made[k], time.Since(start))
+			res, err := ss.Run(ctx, moat.Request{Code: []byte("print(1)")})
+			if err != nil || string(res.Stdout) != "1\n" {
+				b.Fatalf("run: %+v, %v", res, err)
+			}
+			first[k] = append(first[k], time.Since(start))
+			if k == "pool" && !fromThePool(ss.(*engine.Session).Instance().(*vmSession)) {
+				b.Fatal("the session's VM did not come from the pool")
+			}
+			ss.Close()
+		}
+	}
+	b.StopTimer()
+	median := func(d []time.Duration) float64 {
+		slices.Sort(d)
+		return float64(d[len(d)/2]) / float64(time.Millisecond)
+	}
+	for _, k := range []string{"pool", "own"} {
+		b.ReportMetric(median(made[k]), k+"-new-ms")
+		b.ReportMetric(median(first[k]), k+"-first-ms")
+	}
+	b.ReportMetric(0, "ns/op")
 }
