@@ -106,8 +106,20 @@ func (b *backend) fromPool(ctx context.Context, in *vmInstance, opts moat.Sessio
 	ss.c = in.c
 	in.c.setIdle(ss.onIdle)
 	if err := ss.open(ctx); err != nil {
-		in.Discard()
-		if serr := stale(); serr != nil && ctx.Err() == nil {
+		// Discarded after the look at how it ended: once discarded, any VM
+		// has ended.
+		defer in.Discard()
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		// A write to a VM that ended fails a moment before its reader
+		// sees the end.
+		select {
+		case <-in.c.done:
+		case <-in.vm.Exited():
+		case <-time.After(time.Second):
+		}
+		if serr := stale(); serr != nil {
 			return nil, fmt.Errorf("%w; %v", serr, err)
 		}
 		return nil, err

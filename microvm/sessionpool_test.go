@@ -195,6 +195,23 @@ func TestFromPool(t *testing.T) {
 			t.Error("the stale VM was not discarded")
 		}
 	})
+	t.Run("silent", func(t *testing.T) {
+		// A live VM whose agent does not answer the Session is a failure,
+		// not a stale VM to replace.
+		in, vm := pooled(t, func(net.Conn, wire.Session) {})
+		quick := *b
+		quick.cfg.BootTimeout = moat.Duration(200 * time.Millisecond)
+		in.b = &quick
+		_, err := quick.fromPool(context.Background(), in, moat.SessionOptions{})
+		if err == nil || errors.Is(err, engine.ErrStale) || !strings.Contains(err.Error(), "did not answer") {
+			t.Errorf("fromPool of a VM whose agent is silent: %v, want its timeout, not ErrStale", err)
+		}
+		select {
+		case <-vm.Exited():
+		default:
+			t.Error("the VM was not discarded")
+		}
+	})
 	t.Run("answers", func(t *testing.T) {
 		got := make(chan wire.Session, 1)
 		in, vm := pooled(t, func(conn net.Conn, s wire.Session) {
