@@ -22,16 +22,16 @@ import (
 // than wire.MaxReport, and a frame of a kind the agent never sends ends
 // the conversation.
 type agentConn struct {
-	conn   net.Conn
-	onIdle func() // called for each Idle, from the reader
+	conn net.Conn
 
 	wmu sync.Mutex // serializes writes
 
-	mu   sync.Mutex
-	run  *sink            // the run in progress, if any
-	ops  map[uint64]*sink // file operations waiting for replies
-	done chan struct{}    // closed when the reader has ended
-	err  error            // why it ended; set before done is closed
+	mu     sync.Mutex
+	onIdle func()           // called for each Idle, from the reader; see setIdle
+	run    *sink            // the run in progress, if any
+	ops    map[uint64]*sink // file operations waiting for replies
+	done   chan struct{}    // closed when the reader has ended
+	err    error            // why it ended; set before done is closed
 }
 
 // frame is one frame from the guest.
@@ -91,8 +91,11 @@ func (c *agentConn) readLoop() error {
 			to = c.ops[id]
 			c.mu.Unlock()
 		case wire.KindIdle:
-			if c.onIdle != nil {
-				c.onIdle()
+			c.mu.Lock()
+			onIdle := c.onIdle
+			c.mu.Unlock()
+			if onIdle != nil {
+				onIdle()
 			}
 			continue
 		default:
@@ -106,6 +109,14 @@ func (c *agentConn) readLoop() error {
 		case <-to.quit:
 		}
 	}
+}
+
+// setIdle makes f what is called for each later Idle: a VM restored for
+// a one-shot run that becomes a session's changes hands.
+func (c *agentConn) setIdle(f func()) {
+	c.mu.Lock()
+	c.onIdle = f
+	c.mu.Unlock()
 }
 
 // replyID is the operation id a FileReply or Data frame is for.

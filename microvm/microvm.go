@@ -133,9 +133,18 @@
 //
 // # Sessions
 //
-// [Sandbox.NewSession] restores one VM from the template for the session's
-// life; its agent serves the session's runs one at a time and keeps the
-// working directory (/work, on the writable layer) between them. Each run
+// [Sandbox.NewSession] takes one VM for the session's life: one of the
+// engine's pool when one is ready (restored and refreshed ahead of a
+// one-shot run, no run has used it; its replacement is restored once the
+// session is made), else one it restores from the template itself. A pooled
+// VM that ended while it waited is discarded and a fresh one restored. Either
+// way the session's Session frame sets the clock, reseeds the kernel's
+// random generator, sizes the writable layer to the disk limit and opens
+// the working directory, and the python3 that waits for the first run (or
+// the interpreter) started in this VM alone, after a refresh of its own
+// (TestSessionFromPool). Its agent serves the session's runs one at a time
+// and keeps the working directory (/work, on the writable layer) between
+// them. Each run
 // is python3 in a cgroup of its own, as the run's uid, with the run's
 // limits; when python3 ends, the agent kills every process of that cgroup,
 // so nothing of a run outlives it. The agent then starts the next run's
@@ -235,6 +244,9 @@ type backend struct {
 	maxVMs int
 	agent  string // the guest agent's binary, also the egress pipe
 	log    *slog.Logger
+	// takeReady is the engine's Sandbox.TakeReady, set once the engine is
+	// made: a new session's VM comes from the pool when one is ready.
+	takeReady func() (engine.Instance, bool)
 }
 
 var (
@@ -294,6 +306,7 @@ func New(cfg Config) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
+	b.takeReady = e.TakeReady
 	return &Sandbox{Sandbox: e, b: b}, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,6 +25,54 @@ import (
 // guest memory is the default's (see GuestMemoryMiB), so the first New boots
 // and saves it (or finds it in the state directory) and every other one
 // restores it.
+//
+// The tests that count this process's VMs on the host (leftovers), measure
+// figures, or spend a CPU budget run one at a time, first. The others call
+// parallel and run two at a time once those are done (go test -parallel,
+// GOMAXPROCS by default: under TCG each running guest keeps a host CPU
+// busy). Those that need a sandbox of the default limits and do not test
+// what a sandbox of their own would (its pool, its Close) share one
+// (shared), whose MaxVMs bounds the VMs they run at once.
+
+// parallel marks t as a test that runs beside the others (see above). It
+// must come before the test makes a VM: a parallel test waits there until
+// the sequential ones are done.
+func parallel(t *testing.T) {
+	t.Helper()
+	requireVMs(t)
+	t.Parallel()
+}
+
+// sharedBox is the sandbox of shared, closed by TestMain.
+var sharedBox struct {
+	once sync.Once
+	sb   *Sandbox
+	err  error
+}
+
+// shared returns the sandbox of the default limits that the parallel tests
+// share; t must be parallel.
+func shared(t *testing.T) *Sandbox {
+	t.Helper()
+	cfg := requireVMs(t)
+	sharedBox.once.Do(func() { sharedBox.sb, sharedBox.err = New(cfg) })
+	if sharedBox.err != nil {
+		t.Fatalf("New: %v", sharedBox.err)
+	}
+	return sharedBox.sb
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if sb := sharedBox.sb; sb != nil {
+		sb.Close()
+		if left := leftovers(); len(left) > 0 && code == 0 {
+			fmt.Fprintf(os.Stderr, "microvm: VMs left after the tests and the shared sandbox's Close: %s\n", strings.Join(left, ", "))
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
 
 // requireVMs skips the test where QEMU or the guest kernel is missing,
 // except under CI=true, where it must fail instead.
@@ -131,7 +180,8 @@ func run(t *testing.T, sb *Sandbox, code string) *moat.Result {
 
 // The guest has no network device: its only interface is loopback.
 func TestNoNetworkDevice(t *testing.T) {
-	sb := open(t, requireVMs(t), moat.Limits{})
+	parallel(t)
+	sb := shared(t)
 	res := run(t, sb, `
 import json
 ifs = [l.split(':')[0].strip() for l in open('/proc/net/dev').read().splitlines()[2:]]
@@ -148,8 +198,9 @@ print(json.dumps(ifs))
 
 // The code runs on the guest's kernel, not the host's.
 func TestGuestKernel(t *testing.T) {
+	parallel(t)
 	cfg := requireVMs(t)
-	sb := open(t, cfg, moat.Limits{})
+	sb := shared(t)
 	res := run(t, sb, "import os; print(os.uname().release); print(open('/proc/version').read().strip())")
 	lines := strings.SplitN(strings.TrimSpace(string(res.Stdout)), "\n", 2)
 	var uts unix.Utsname
@@ -170,7 +221,8 @@ func TestGuestKernel(t *testing.T) {
 // Each run starts as a restore of the template, with a clock set from the
 // host's and randomness of its own.
 func TestRestore(t *testing.T) {
-	sb := open(t, requireVMs(t), moat.Limits{})
+	parallel(t)
+	sb := shared(t)
 	if sb.b.tmpl == "" || sb.b.meta == nil {
 		t.Fatal("the sandbox has no template")
 	}
@@ -200,12 +252,13 @@ func TestRestore(t *testing.T) {
 
 // The accelerator is reported, and RequireKVM refuses to fall back.
 func TestAccelReported(t *testing.T) {
+	parallel(t)
 	cfg := requireVMs(t)
 	a := Check(context.Background(), cfg)
 	if !a.Available {
 		t.Fatalf("Check: unavailable: %s (%s)", a.Reason, a.Remedy)
 	}
-	sb := open(t, cfg, moat.Limits{})
+	sb := shared(t)
 	accel := sb.Accel()
 	if accel != AccelKVM && accel != AccelTCG {
 		t.Fatalf("Accel() = %q", accel)
@@ -255,7 +308,8 @@ func TestCold(t *testing.T) {
 // in the template: as __main__, with its own globals and argv, and a
 // traceback that shows only its own frames.
 func TestRunsAsScript(t *testing.T) {
-	sb := open(t, requireVMs(t), moat.Limits{})
+	parallel(t)
+	sb := shared(t)
 	res, err := sb.Run(context.Background(), moat.Request{Code: []byte(`
 import json, sys
 print(json.dumps({"name": __name__, "argv": sys.argv, "file": __file__, "path0": sys.path[0],
@@ -290,6 +344,7 @@ f()
 // Code larger than the file size limit is not a file the run wrote: a run
 // of it that ends well has no reason.
 func TestCodeOverFileSize(t *testing.T) {
+	parallel(t)
 	sb := open(t, requireVMs(t), moat.Limits{FileSize: 64 * moat.KiB})
 	code := "print('ok')\n#" + strings.Repeat("x", 80<<10) + "\n"
 	res := run(t, sb, code)

@@ -41,8 +41,8 @@ func hashOf(t *testing.T, out string) string {
 // stack canary (from the 16 bytes of AT_RANDOM) at its start: a run's are
 // its own as well.
 func TestHashSeedOneShot(t *testing.T) {
-	cfg := requireVMs(t)
-	sb := open(t, cfg, moat.Limits{})
+	parallel(t)
+	sb := shared(t)
 	a, b := hashOf(t, string(run(t, sb, hashProbe).Stdout)), hashOf(t, string(run(t, sb, hashProbe).Stdout))
 	if a == b {
 		t.Errorf("two one-shot runs of one template have one string hash secret: hash('moat-seed') = %s in both", a)
@@ -72,6 +72,7 @@ print(libc, rnd)
 // refresh, not in the template's: the agent checks it where the code is
 // handed over.
 func TestHashSeedRunWithoutRefresh(t *testing.T) {
+	parallel(t)
 	sb := open(t, noPool(t), moat.Limits{})
 	probe := func() string {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -101,6 +102,7 @@ func TestHashSeedRunWithoutRefresh(t *testing.T) {
 // A plain session's first run has a secret of its own, not the template's;
 // each later run is a new python3 with a new one.
 func TestHashSeedSessions(t *testing.T) {
+	parallel(t)
 	sb := open(t, noPool(t), moat.Limits{})
 	a, b := newSession(t, sb), newSession(t, sb)
 	a1, b1 := hashOf(t, runOK(t, a, hashProbe)), hashOf(t, runOK(t, b, hashProbe))
@@ -115,6 +117,7 @@ func TestHashSeedSessions(t *testing.T) {
 // A live interpreter keeps its secret from run to run (its dicts and sets
 // are its memory); two sessions' interpreters have secrets of their own.
 func TestHashSeedInterpreter(t *testing.T) {
+	parallel(t)
 	sb := open(t, noPool(t), moat.Limits{})
 	ctx := context.Background()
 	a, err := sb.NewSession(ctx, moat.SessionOptions{Interpreter: true})
@@ -143,6 +146,7 @@ func TestHashSeedInterpreter(t *testing.T) {
 // secret included — the declared exception (see suspend.go). One saved
 // before its first run is replaced like a plain session's python3.
 func TestHashSeedForks(t *testing.T) {
+	parallel(t)
 	sb := open(t, noPool(t), moat.Limits{})
 	ctx := context.Background()
 	forks := func(ss moat.Session) (moat.Session, moat.Session) {

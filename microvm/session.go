@@ -3,6 +3,7 @@ package microvm
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -36,20 +37,94 @@ const (
 	budgetTick = 100 * time.Millisecond
 )
 
-// NewSession implements engine.SessionBackend.
+// NewSession implements engine.SessionBackend. The session's VM is one
+// the engine's pool restored and refreshed ahead of a one-shot run, when
+// one is ready (the restore and the first python3's start are then off the
+// session's path), else one restored now; see fromPool.
 func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (engine.SessionInstance, error) {
-	vm, n, _, err := b.startVM(ctx)
+	if b.takeReady != nil {
+		if inst, ok := b.takeReady(); ok {
+			ss, err := b.fromPool(ctx, inst.(*vmInstance), opts)
+			if err == nil {
+				b.log.Debug("microvm: session", "vm", ss.how)
+				return ss, nil
+			}
+			if !errors.Is(err, engine.ErrStale) || ctx.Err() != nil {
+				return nil, err
+			}
+			b.log.Info("microvm: a pooled VM went stale before it became a session's; restoring one", "err", err)
+		}
+	}
+	vm, n, how, err := b.startVM(ctx)
 	if err != nil {
 		return nil, err
 	}
-	ss := &vmSession{b: b, vm: vm, net: n, idle: make(chan struct{}, 1), interp: opts.Interpreter,
-		budget: time.Duration(b.cfg.SessionCPUTime)}
+	ss := b.newSession(vm, n, opts, how)
 	ss.c = newAgentConn(vm.Agent(), ss.onIdle)
 	if err := ss.open(ctx); err != nil {
 		vm.Kill()
 		n.close()
 		return nil, err
 	}
+	b.log.Debug("microvm: session", "vm", ss.how)
+	return ss, nil
+}
+
+func (b *backend) newSession(vm VM, n *vmNet, opts moat.SessionOptions, how string) *vmSession {
+	return &vmSession{b: b, vm: vm, net: n, idle: make(chan struct{}, 1), interp: opts.Interpreter,
+		budget: time.Duration(b.cfg.SessionCPUTime), how: how}
+}
+
+// fromPool makes in, a VM of the pool that no run has used, a session's:
+// the Session frame that every new session's agent gets (the clock and the
+// kernel's random generator set again, the writable layer sized to the
+// disk limit, the working directory opened, the interpreter of an
+// interpreter session started) is all that is left to do. What Prepare's
+// Refresh made stays: the python3 waiting for a plain session's first run
+// started after that refresh, in this VM alone (an interpreter session
+// replaces it with its interpreter, started after the Session). A VM that
+// ended while it waited (or ends before its agent answers) is discarded
+// and the error wraps engine.ErrStale: the caller makes a fresh one.
+// Whatever fails, in is discarded.
+func (b *backend) fromPool(ctx context.Context, in *vmInstance, opts moat.SessionOptions) (*vmSession, error) {
+	stale := func() error {
+		select {
+		case <-in.vm.Exited():
+			return fmt.Errorf("microvm: session: the VM restored ahead has ended: %w", engine.ErrStale)
+		case <-in.c.done:
+			return fmt.Errorf("microvm: session: the agent of the VM restored ahead is gone (%v): %w", in.c.ended(), engine.ErrStale)
+		default:
+			return nil
+		}
+	}
+	if err := stale(); err != nil {
+		in.Discard()
+		return nil, err
+	}
+	start := time.Now()
+	ss := b.newSession(in.vm, in.net, opts, "")
+	ss.c = in.c
+	in.c.setIdle(ss.onIdle)
+	if err := ss.open(ctx); err != nil {
+		// Discarded after the look at how it ended: once discarded, any VM
+		// has ended.
+		defer in.Discard()
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		// A write to a VM that ended fails a moment before its reader
+		// sees the end.
+		select {
+		case <-in.c.done:
+		case <-in.vm.Exited():
+		case <-time.After(time.Second):
+		}
+		if serr := stale(); serr != nil {
+			return nil, fmt.Errorf("%w; %v", serr, err)
+		}
+		return nil, err
+	}
+	ss.how = fmt.Sprintf("%s (the pool's); a session's in %d ms", in.how, time.Since(start).Milliseconds())
 	return ss, nil
 }
 
@@ -62,6 +137,7 @@ type vmSession struct {
 	idle   chan struct{} // a token for each Idle of the agent's, at most one kept
 	interp bool          // a live interpreter (moat.SessionOptions.Interpreter)
 	budget time.Duration
+	how    string        // how the VM was made, for the log and the tests
 	ids    atomic.Uint64 // file operation ids
 
 	mu    sync.Mutex

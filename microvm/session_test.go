@@ -82,7 +82,8 @@ func vmOf(t *testing.T, ss moat.Session) *vmSession {
 // operations, and the other way round; the operations do what moat.Files
 // says, inside the guest.
 func TestSessionFiles(t *testing.T) {
-	sb := open(t, requireVMs(t), moat.Limits{})
+	parallel(t)
+	sb := shared(t)
 	ss := newSession(t, sb)
 	ctx := context.Background()
 	if out := runOK(t, ss, "import os\nprint(os.getcwd())\nopen('a.txt', 'w').write('from run 1')\nos.makedirs('d/e')\nopen('d/e/f', 'w').write('deep')\n"); out != "/work\n" {
@@ -145,7 +146,8 @@ func TestSessionFiles(t *testing.T) {
 // No file operation follows a link the code planted, to the guest's own
 // files or within the directory.
 func TestSessionFilesLinks(t *testing.T) {
-	sb := open(t, requireVMs(t), moat.Limits{})
+	parallel(t)
+	sb := shared(t)
 	ss := newSession(t, sb)
 	ctx := context.Background()
 	runOK(t, ss, "import os\nos.symlink('/etc', 'etc')\nos.symlink('/etc/passwd', 'passwd')\nos.mkdir('d')\nos.symlink('d', 'dl')\nos.mkfifo('fifo')\n")
@@ -179,6 +181,7 @@ func TestSessionFilesLinks(t *testing.T) {
 // Each run gets the run limits and a limit ends the run, not the session;
 // nothing of a run outlives it; the session's files stay.
 func TestSessionRunLimits(t *testing.T) {
+	parallel(t)
 	sb := open(t, requireVMs(t), moat.Limits{WallTime: moat.Duration(8 * time.Second), Memory: 128 * moat.MiB, Pids: 32})
 	ss := newSession(t, sb)
 	runOK(t, ss, "open('keep', 'w').write('kept')")
@@ -215,7 +218,8 @@ print(open('keep').read(), os.path.exists('marker'), others)
 
 // Between runs the VM is paused; the next run resumes it.
 func TestSessionPausedBetweenRuns(t *testing.T) {
-	sb := open(t, requireVMs(t), moat.Limits{})
+	parallel(t)
+	sb := shared(t)
 	ss := newSession(t, sb)
 	vs := vmOf(t, ss)
 	status := func() string {
@@ -247,7 +251,8 @@ func TestSessionPausedBetweenRuns(t *testing.T) {
 
 // Two sessions share no file.
 func TestSessionsApart(t *testing.T) {
-	sb := open(t, requireVMs(t), moat.Limits{})
+	parallel(t)
+	sb := shared(t)
 	a, b := newSession(t, sb), newSession(t, sb)
 	runOK(t, a, "open('only-a', 'w').write('a')")
 	if err := a.WriteFile(context.Background(), "only-a-too", strings.NewReader("a")); err != nil {
@@ -292,6 +297,7 @@ func TestSessionClose(t *testing.T) {
 // outlive the run; a run that ends the interpreter (a timeout, os._exit)
 // makes the next run's a fresh one, with the files kept and notes saying so.
 func TestSessionInterpreter(t *testing.T) {
+	parallel(t)
 	sb := open(t, requireVMs(t), moat.Limits{WallTime: moat.Duration(8 * time.Second)})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -427,15 +433,45 @@ func TestSessionChild(t *testing.T) {
 }
 
 // The figures for the report: a run of print(1) in a session against a
-// one-shot run, each the median of five, in one sandbox.
+// one-shot run, each the median of five, in one sandbox; and what
+// NewSession took, its VM from the pool or not.
 func TestSessionLatency(t *testing.T) {
 	sb := open(t, requireVMs(t), moat.Limits{})
-	ss := newSession(t, sb)
+	made := func(opts moat.SessionOptions) (moat.Session, time.Duration) {
+		start := time.Now()
+		ss, err := sb.NewSession(context.Background(), opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ss.Close() })
+		return ss, time.Since(start)
+	}
+	ss, plainMade := made(moat.SessionOptions{})
 	runOK(t, ss, "print(0)")
-	median := func(run func()) time.Duration {
+	// As a caller between runs: the pool refills after a one-shot run
+	// (about a second under TCG), a session's VM pauses once its agent is
+	// idle.
+	refilled := func() { time.Sleep(time.Second) }
+	paused := func(ss moat.Session) func() {
+		vs := vmOf(t, ss)
+		return func() {
+			for deadline := time.Now().Add(idleGrace + 5*time.Second); ; time.Sleep(10 * time.Millisecond) {
+				vs.mu.Lock()
+				p := vs.paused
+				vs.mu.Unlock()
+				if p {
+					return
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the session's VM did not pause after its run")
+				}
+			}
+		}
+	}
+	median := func(settle func(), run func()) time.Duration {
 		var d []time.Duration
 		for range 5 {
-			time.Sleep(time.Second) // as a caller between runs: the pool refills, the session's VM pauses
+			settle()
 			start := time.Now()
 			run()
 			d = append(d, time.Since(start))
@@ -443,14 +479,12 @@ func TestSessionLatency(t *testing.T) {
 		slices.Sort(d)
 		return d[2]
 	}
-	is, err := sb.NewSession(context.Background(), moat.SessionOptions{Interpreter: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer is.Close()
+	refilled()
+	is, interpMade := made(moat.SessionOptions{Interpreter: true})
 	runOK(t, is, "print(0)")
-	oneShot := median(func() { run(t, sb, "print(1)") })
-	session := median(func() { runOK(t, ss, "print(1)") })
-	interp := median(func() { runOK(t, is, "print(1)") })
+	oneShot := median(refilled, func() { run(t, sb, "print(1)") })
+	session := median(paused(ss), func() { runOK(t, ss, "print(1)") })
+	interp := median(paused(is), func() { runOK(t, is, "print(1)") })
 	t.Logf("accel %s: print(1), median of 5: one-shot %v, session %v, session with an interpreter %v", sb.Accel(), oneShot, session, interp)
+	t.Logf("NewSession: plain %v (%s), interpreter %v (%s)", plainMade, vmOf(t, ss).how, interpMade, vmOf(t, is).how)
 }

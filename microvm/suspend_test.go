@@ -70,7 +70,8 @@ func resumeOne(t *testing.T, sb *Sandbox, dir string) moat.Session {
 // not the clock saved in its state; forks of one state do not share the
 // kernel's random numbers.
 func TestSuspendRefresh(t *testing.T) {
-	sb := open(t, requireVMs(t), moat.Limits{})
+	parallel(t)
+	sb := shared(t)
 	ss, err := sb.NewSession(context.Background(), moat.SessionOptions{Interpreter: true})
 	if err != nil {
 		t.Fatal(err)

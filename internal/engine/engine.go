@@ -150,6 +150,15 @@ func (s *Sandbox) Take(ctx context.Context) (Instance, error) { return s.pool.ta
 // moat.PoolReporter.
 func (s *Sandbox) PoolStats() moat.PoolStats { return s.pool.stats() }
 
+// TakeReady returns an instance the pool prepared ahead, and false when
+// none is ready; it never prepares one. It is for a backend that makes a
+// session's instance out of one prepared for a one-shot run (a restored VM)
+// where making its own differs from Prepare. The caller owns what it gets:
+// it keeps it or discards it. With RefillAfterRun the pool prepares the
+// replacement once the session's creation has ended (see NewSession). It
+// is safe for concurrent use.
+func (s *Sandbox) TakeReady() (Instance, bool) { return s.pool.takeReady() }
+
 // Close makes later runs fail with moat.ErrClosed, and so the runs still
 // waiting for a MaxRuns slot, waits for the runs in progress, discards the
 // pooled instances and closes the backend. Calls after the first return

@@ -79,15 +79,21 @@ func (p *pool) take(ctx context.Context) (Instance, error) {
 		return inst, nil
 	default:
 	}
+	p.miss()
+	if !p.refillAfter {
+		p.poke()
+	}
+	return p.b.Prepare(ctx)
+}
+
+// miss counts a take that found none ready, and grows the pool by one up
+// to most.
+func (p *pool) miss() {
 	p.misses.Add(1)
 	p.lastMiss.Store(time.Now().UnixNano())
 	if cur := p.size.Load(); cur < int64(p.most) {
 		p.size.CompareAndSwap(cur, cur+1)
 	}
-	if !p.refillAfter {
-		p.poke()
-	}
-	return p.b.Prepare(ctx)
 }
 
 // burstDecay is BurstDecay; tests shorten it.
@@ -116,6 +122,22 @@ func (p *pool) shrink(now time.Time) {
 // stats says how the pool has served takes.
 func (p *pool) stats() moat.PoolStats {
 	return moat.PoolStats{Size: int(p.size.Load()), Max: p.most, Ready: len(p.ready), Hits: p.hits.Load(), Misses: p.misses.Load()}
+}
+
+// takeReady returns a prepared instance if one waits, and never prepares
+// one.
+func (p *pool) takeReady() (Instance, bool) {
+	select {
+	case inst := <-p.ready:
+		p.hits.Add(1)
+		if !p.refillAfter {
+			p.poke()
+		}
+		return inst, true
+	default:
+		p.miss()
+		return nil, false
+	}
 }
 
 func (p *pool) fill() {

@@ -33,6 +33,12 @@ func (s *Sandbox) NewSession(ctx context.Context, opts moat.SessionOptions) (moa
 		return nil, err
 	}
 	inst, err := sb.NewSession(ctx, opts)
+	if s.cfg.RefillAfterRun {
+		// The backend may have taken a pooled instance (TakeReady): its
+		// replacement is prepared now that the creation is over, as after
+		// a run.
+		s.pool.poke()
+	}
 	if err != nil {
 		return nil, s.setupError(ctx, err)
 	}

@@ -97,3 +97,50 @@ func TestPoolGrowsForBursts(t *testing.T) {
 		t.Errorf("warm_max under warm: %v, want ErrInvalid", err)
 	}
 }
+
+// pooledSessions makes each session's instance out of a pooled one, as the
+// microvm level does.
+type pooledSessions struct {
+	fake
+	s      *Sandbox
+	pooled atomic.Int32
+}
+
+func (b *pooledSessions) NewSession(ctx context.Context, opts moat.SessionOptions) (SessionInstance, error) {
+	if inst, ok := b.s.TakeReady(); ok {
+		b.pooled.Add(1)
+		inst.Discard() // the fake's session is not made of it
+	}
+	return &fakeSession{files: map[string]string{}}, nil
+}
+
+// TestTakeReady: TakeReady hands out what the pool prepared ahead and
+// never prepares one; with RefillAfterRun, a session's creation that took
+// one has it replaced once the creation is over, as a run's end does.
+func TestTakeReady(t *testing.T) {
+	none, b0 := newFake(t, Config{Limits: fast(), Warm: -1})
+	if inst, ok := none.TakeReady(); ok || inst != nil {
+		t.Errorf("TakeReady of an empty pool = %v, %v; want nothing", inst, ok)
+	}
+	if p, _, _ := b0.counts(); p != 0 {
+		t.Errorf("TakeReady of an empty pool prepared %d instances", p)
+	}
+
+	b := &pooledSessions{}
+	s, err := New(Config{Level: "fake", Limits: fast(), Warm: 1, RefillAfterRun: true}, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	b.s = s
+	waitFor(t, func() bool { p, _, live := b.counts(); return p == 1 && live == 1 })
+	ss, err := s.NewSession(context.Background(), moat.SessionOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ss.Close()
+	if b.pooled.Load() != 1 {
+		t.Fatal("the session found no pooled instance")
+	}
+	waitFor(t, func() bool { p, _, live := b.counts(); return p == 2 && live == 1 })
+}
