@@ -53,6 +53,12 @@ type Config struct {
 	// (every run restores its VM itself); at most 16. Cold sandboxes keep
 	// none.
 	Warm int `json:"warm,omitempty"`
+	// WarmMax is how many VMs the pool may grow to under a burst of runs
+	// (and sessions) that found none ready, one more per such run,
+	// shrinking back to Warm after engine.BurstDecay without one
+	// (engine.Config.WarmMax); each holds the guest's memory. Zero means
+	// Warm: no growth. At most 16.
+	WarmMax int `json:"warm_max,omitempty"`
 	// MaxVMs is the most runs (one-shot or of a session) the sandbox runs
 	// at once; more runs wait for one to end (the wait counts in the
 	// Result's Duration, not in the run's wall time, which starts with the
@@ -116,6 +122,9 @@ func (c Config) Validate() error {
 		return bad("max vms %d is negative", c.MaxVMs)
 	}
 	if err := engine.ValidateWarm(moat.LevelMicroVM, c.Warm); err != nil {
+		return err
+	}
+	if err := engine.ValidateWarmMax(moat.LevelMicroVM, c.Warm, c.WarmMax); err != nil {
 		return err
 	}
 	if c.SessionCPUTime < 0 {

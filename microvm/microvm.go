@@ -279,9 +279,9 @@ func New(cfg Config) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	warm := cfg.Warm
+	warm, warmMax := cfg.Warm, cfg.WarmMax
 	if cfg.Cold {
-		warm = -1
+		warm, warmMax = -1, 0
 	} else {
 		start := time.Now()
 		dir, meta, err := ensureTemplate(context.Background(), cfg.StateDir, b.vmm, b.spec, time.Duration(cfg.BootTimeout))
@@ -292,9 +292,10 @@ func New(cfg Config) (*Sandbox, error) {
 		log.Info("microvm: template", "dir", dir, "boot_ms", meta.BootMS, "save_ms", meta.SaveMS, "bytes", meta.Size, "took", time.Since(start))
 	}
 	e, err := engine.New(engine.Config{
-		Level:  moat.LevelMicroVM,
-		Limits: cfg.Limits,
-		Warm:   warm,
+		Level:   moat.LevelMicroVM,
+		Limits:  cfg.Limits,
+		Warm:    warm,
+		WarmMax: warmMax,
 		// Under TCG a restore keeps a host CPU busy: it waits for the
 		// run's end rather than competing with it.
 		RefillAfterRun: b.spec.Accel == AccelTCG,
