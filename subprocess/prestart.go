@@ -26,7 +26,9 @@ import (
 // __name__ as for a script; an uncaught exception printed without the
 // bootstrap's frame, exit status 1 (a KeyboardInterrupt: killed by
 // SIGINT, as python3 ends then, but without running atexit's handlers); a
-// SyntaxError printed as python3 prints one. Its stack holds two frames below its module (the -c module
+// SyntaxError printed as python3 prints one. The traceback is the
+// interpreter's own (sys.exc_info), not one the code's exception class
+// may redefine (__traceback__, with_traceback). Its stack holds two frames below its module (the -c module
 // and the bootstrap's), which only a walk of the stack shows. The CPU time
 // python3 used to start (a few ms) counts against the run's CPU limit, as
 // it does for a run that starts python3 itself; the time the instance
@@ -60,8 +62,8 @@ const bootstrap = `def _moat_main():
     except SystemExit:
         raise
     except BaseException as e:
-        tb = e.__traceback__.tb_next
-        sys.excepthook(type(e), e.with_traceback(tb), tb)
+        tb = sys.exc_info()[2].tb_next
+        sys.excepthook(type(e), BaseException.with_traceback(e, tb), tb)
         if isinstance(e, KeyboardInterrupt):
             import signal
             sys.stdout.flush()

@@ -399,6 +399,10 @@ func (p *process) Wait() (engine.Evidence, error) {
 		defer p.release()
 		defer p.reap()
 	}
+	// The helper's files are closed once the output has all been passed
+	// on, never before: what the run wrote before a kill may still be in
+	// the pipes when the helper has exited.
+	defer p.h.closeFiles()
 	status := readReport(p.h.status)
 	var waitErr error
 	if _, ok := parseStatus(status); ok {
@@ -443,16 +447,17 @@ func readReport(f *os.File) []byte {
 	return buf
 }
 
-// reapErr waits for the helper's exit, once, and closes its files; it
-// returns the exit's error. A helper that has reported has nothing left to
-// do: it is killed first, so that a stuck one cannot hold its owner.
+// reapErr waits for the helper's exit, once, and returns the exit's
+// error. A helper that has reported has nothing left to do: it is killed
+// first, so that a stuck one cannot hold its owner. It leaves the helper's
+// files open: Wait closes them once the output is passed on (a Process
+// whose Start failed had them closed by discard).
 func (p *process) reapErr() error {
 	p.reapOnce.Do(func() {
 		if p.reported.Load() {
 			p.h.cmd.Process.Kill()
 		}
 		p.waitErr = p.h.cmd.Wait()
-		p.h.closeFiles()
 	})
 	return p.waitErr
 }
