@@ -198,8 +198,15 @@ func (in *instance) remove() {
 	if in.p != nil {
 		in.p.reap()
 	}
+	// The uid goes back to the pool only once nothing can run as it: a
+	// group that could not be emptied keeps it leased (for this
+	// process's life), failing closed.
+	emptied := true
 	if in.group != nil {
-		warn(in.group.Kill())
+		if err := in.group.Kill(); err != nil {
+			emptied = false
+			warn(fmt.Errorf("%w; its uid stays leased", err))
+		}
 		warn(in.group.Remove())
 	}
 	if in.dir != "" {
@@ -208,7 +215,7 @@ func (in *instance) remove() {
 		}
 		warn(os.RemoveAll(in.dir))
 	}
-	if in.lease != nil {
+	if in.lease != nil && emptied {
 		in.lease.Release()
 	}
 }
