@@ -18,6 +18,7 @@ import (
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/server"
+	"github.com/moatsandbox/moat/subprocess"
 )
 
 // dialSmall connects to the server with a receive buffer of 4KiB, set before
@@ -102,7 +103,17 @@ func sseEvents(body []byte) []event {
 func TestSlowClientsHoldNoSlot(t *testing.T) {
 	const n = 2
 	const out = 8 << 20
-	ts := startServer(t, moat.Limits{Output: out, WallTime: moat.Duration(60 * time.Second)}, func(c *server.Config) {
+	lim := moat.Limits{Output: out, WallTime: moat.Duration(60 * time.Second)}
+	ts := startServer(t, lim, func(c *server.Config) {
+		// No pool: a prepared instance has its directory and cgroup
+		// before any run, and the test counts what runs leave.
+		c.Sandboxes[moat.LevelSubprocess].Close()
+		sb, err := subprocess.New(subprocess.Config{Limits: lim, Warm: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { sb.Close() })
+		c.Sandboxes = map[moat.Level]moat.Sandbox{moat.LevelSubprocess: sb}
 		c.MaxConcurrentRuns = n
 		c.MaxRunsPerToken = n // the per-token cap would let b through on its own: this is about the slots
 		c.QueueWait = moat.Duration(20 * time.Second)
@@ -120,9 +131,10 @@ func TestSlowClientsHoldNoSlot(t *testing.T) {
 				sendRaw(t, conns[i], "POST", "/v1/runs", tokenA, runBody(code, stream))
 			}
 			eventually(t, 60*time.Second, "a's runs end while their clients read nothing", func() bool { return ended() == before+n })
-			if left := runLeftovers(); len(left) > 0 {
-				t.Errorf("a's runs have ended, their results wait for the clients, yet the runs left: %v", left)
-			}
+			// A run's directory and cgroup are removed just after its
+			// result (subprocess's teardown), whether or not anyone reads
+			// it.
+			eventually(t, 10*time.Second, "a's runs' directories and cgroups removed while their results wait for the clients", func() bool { return len(runLeftovers()) == 0 })
 			if v := metric(t, ts, "moat_runs_in_progress"); v != 0 {
 				t.Errorf("%v slots held by runs that have ended", v)
 			}
