@@ -90,12 +90,7 @@ func TestServeBadInput(t *testing.T) {
 }
 
 func TestServe(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("CI must run as root: the subprocess level needs it")
-		}
-		t.Skip("the subprocess level needs root (CI runs this as root)")
-	}
+	requireRoot(t)
 	tokens := writeTokens(t, `[{"name": "alice", "token": "s3cret-token-0123456789"}]`, 0o600)
 	url, errb, stop := startServe(t, "--tokens-file", tokens, "--state-dir", t.TempDir(), "--wall-time", "5s",
 		"--max-runs-per-token", "2", "--queue-per-token", "4", "--stream-buffer", "4MiB", "--read-header-timeout", "5s",
@@ -269,12 +264,7 @@ func TestReadTokensProfiles(t *testing.T) {
 // the holder sees it and runs under it, the other gets 403, and the server
 // shuts down cleanly, closing the profile's sandboxes.
 func TestServeProfiles(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("CI must run as root: the subprocess level needs it")
-		}
-		t.Skip("the subprocess level needs root (CI runs this as root)")
-	}
+	requireRoot(t)
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "from upstream") }))
 	defer up.Close()
 	upPort := up.Listener.Addr().(*net.TCPAddr).Port
@@ -334,12 +324,7 @@ func TestServeProfiles(t *testing.T) {
 // TestServeE2B serves the E2B API beside moat's: a sandbox made with the
 // token's e2b key is a session of that token on moat's own API.
 func TestServeE2B(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("CI must run as root: the subprocess level needs it")
-		}
-		t.Skip("the subprocess level needs root (CI runs this as root)")
-	}
+	requireRoot(t)
 	const key = "e2b_00112233445566778899aabbccddeeff00112233"
 	tokens := writeTokens(t, "alice s3cret-token-0123456789 "+key+"\n", 0o600)
 	srv, urls := serveWith(t, 20*time.Second, []string{apiListening, e2bListening}, "--addr", "127.0.0.1:0", "--e2b-addr", "127.0.0.1:0", "--tokens-file", tokens, "--state-dir", t.TempDir())
@@ -378,12 +363,7 @@ func TestServeE2B(t *testing.T) {
 // create of a template without a profile that asks for no network is
 // refused, not given those hosts.
 func TestServeE2BTopLevelNetwork(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("CI must run as root: the subprocess level needs it")
-		}
-		t.Skip("the subprocess level needs root (CI runs this as root)")
-	}
+	requireRoot(t)
 	const key = "e2b_00112233445566778899aabbccddeeff00112233"
 	tokens := writeTokens(t, "alice s3cret-token-0123456789 "+key+"\n", 0o600)
 	conf := writeConfig(t, `{"network": {"allow": ["pypi.test"]}}`)
@@ -409,12 +389,7 @@ func TestServeE2BTopLevelNetwork(t *testing.T) {
 // config file's server.e2b_templates. It skips only where node is absent
 // (CI has it, from scripts/setup.sh).
 func TestServeE2BEveryLevel(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("CI must run as root: the subprocess level needs it")
-		}
-		t.Skip("the subprocess level needs root (CI runs this as root)")
-	}
+	requireRoot(t)
 	node, err := exec.LookPath("node")
 	if err != nil {
 		if os.Getenv("CI") == "true" {
@@ -554,12 +529,7 @@ func TestServeE2BEveryLevel(t *testing.T) {
 // E2B command runs: the command gets the shutdown wait, then it is
 // cancelled and its session suspended, long before the command would end.
 func TestServeE2BShutdownCommand(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("CI must run as root: the subprocess level needs it")
-		}
-		t.Skip("the subprocess level needs root (CI runs this as root)")
-	}
+	requireRoot(t)
 	const key = "e2b_00112233445566778899aabbccddeeff00112233"
 	const sleep = 50 * time.Second
 	tokens := writeTokens(t, "alice s3cret-token-0123456789 "+key+"\n", 0o600)
@@ -668,12 +638,7 @@ func startServeProcess(t *testing.T, args ...string) *serveProcess {
 // whose session the crash lost; a graceful restart with on_idle suspend
 // keeps the running ones too.
 func TestServeE2BKillRestart(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("CI must run as root: the subprocess level needs it")
-		}
-		t.Skip("the subprocess level needs root (CI runs this as root)")
-	}
+	requireRoot(t)
 	const key = "e2b_00112233445566778899aabbccddeeff00112233"
 	tokens := writeTokens(t, "alice s3cret-token-0123456789 "+key+"\n", 0o600)
 	args := []string{"--tokens-file", tokens, "--state-dir", t.TempDir(), "--on-idle", "suspend", "--level", "subprocess"}
@@ -758,12 +723,7 @@ func TestServeE2BKillRestart(t *testing.T) {
 // does not wait the shutdown timeout for it as it does for a command (the
 // watch of a suspended sandbox would wait on).
 func TestServeE2BShutdownWatch(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("CI must run as root: the subprocess level needs it")
-		}
-		t.Skip("the subprocess level needs root (CI runs this as root)")
-	}
+	requireRoot(t)
 	const key = "e2b_00112233445566778899aabbccddeeff00112233"
 	const wait = 30 * time.Second
 	tokens := writeTokens(t, "alice s3cret-token-0123456789 "+key+"\n", 0o600)

@@ -52,12 +52,7 @@ func TestSessionBadInput(t *testing.T) {
 // through moat session: files across a suspend, a snapshot forked, the
 // code's exit status, and the server's refusals as exit status 2.
 func TestSession(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("CI must run as root: the subprocess level needs it")
-		}
-		t.Skip("the subprocess level needs root (CI runs this as root)")
-	}
+	requireRoot(t)
 	const token = "s3cret-token-0123456789"
 	url, _, _ := startServe(t, "--tokens-file", writeTokens(t, "alice "+token+"\n", 0o600), "--state-dir", t.TempDir(), "--levels", "subprocess")
 	tokenFile := filepath.Join(t.TempDir(), "token")
