@@ -138,7 +138,6 @@ func (in *instance) Start(ctx context.Context, code []byte, stdout, stderr io.Wr
 	}
 	p := &process{b: b, h: in.h, group: in.group, dir: in.dir, mounted: in.mounted, atStart: atStart, net: in.net}
 	in.h = nil // the process's now, started or discarded
-	in.p = p
 	p.watch(stdout, stderr)
 	if err := p.h.sendCode(filepath.Join(in.dir, codeName)); err != nil {
 		p.h.discard()
@@ -151,20 +150,20 @@ func (in *instance) Start(ctx context.Context, code []byte, stdout, stderr io.Wr
 		}
 		return nil, err
 	}
-	in.started = true
+	in.started, in.p = true, p
 	return p, nil
 }
 
 // Discard stops a helper that never got a run and removes everything of
 // the run. What it cannot remove is logged, and reaped by a later New.
 //
-// After a run (the engine calls Discard once the run's Wait has returned:
-// the helper, init of the run's PID namespace, has exited), every process
-// left in the run's cgroup is killed before Discard returns, and the rest
-// (the cgroup's removal, the working directory's unmount and removal, the
-// uid's lease) finishes after the result has returned: it changes nothing
-// of the result, and nothing of the run runs by then. The backend's Close
-// waits for it.
+// After a run (the engine calls Discard once the run's Wait has returned,
+// and Wait has made sure that nothing of the code is left in the run's
+// cgroup: see process.Wait), the rest (the helper's exit, the cgroup's
+// removal, the working directory's unmount and removal, the uid's lease)
+// finishes after the result has returned: it changes nothing of the
+// result, and nothing of the run runs by then. The backend's Close waits
+// for it.
 func (in *instance) Discard() {
 	if in.h != nil {
 		in.h.discard()
