@@ -602,13 +602,16 @@ func TestSessionInterpreterFrozenBetweenRuns(t *testing.T) {
 	sb := factory(t, moat.Limits{})
 	defer sb.Close()
 	ss := newInterpreter(t, sb)
-	run(t, ss, `import threading, time
+	// Each tick replaces the file whole: a read never sees it empty,
+	// between a truncation and a write.
+	run(t, ss, `import os, threading, time
 def tick():
     n = 0
     while True:
         n += 1
-        with open('ticks', 'w') as f:
+        with open('ticks.tmp', 'w') as f:
             f.write(str(n))
+        os.replace('ticks.tmp', 'ticks')
         time.sleep(0.005)
 threading.Thread(target=tick, daemon=True).start()
 time.sleep(0.2)`)
