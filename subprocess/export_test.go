@@ -38,7 +38,8 @@ func (s *Session) InterpreterFrozen() (bool, error) {
 }
 
 // WithoutFreezer makes the sandbox behave as on a host without a cgroup
-// freezer. Call it before the first session.
+// freezer. Call it before the first session, on a sandbox without a pool
+// (Config.Warm -1): the pool prepares its instances with the same manager.
 func (s *Sandbox) WithoutFreezer() { s.b.cg = s.b.cg.WithoutFreezer() }
 
 // SetListCaps sets the listing caps for a test and returns a function

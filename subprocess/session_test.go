@@ -421,7 +421,9 @@ func interpreterCPU(t *testing.T, s *subprocess.Session) time.Duration {
 // without is still made.
 func TestSessionInterpreterNeedsFreezer(t *testing.T) {
 	requireRoot(t)
-	sb, err := subprocess.New(subprocess.Config{})
+	// No pool: WithoutFreezer changes the sandbox's cgroup manager, which
+	// the pool's preparations use from a goroutine of their own.
+	sb, err := subprocess.New(subprocess.Config{Warm: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
