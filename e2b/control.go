@@ -216,16 +216,6 @@ func (s *Server) checkNetwork(b createBody, tpl Template) error {
 	return nil
 }
 
-// granted reports whether owner's token may use the network profile name.
-func (s *Server) granted(owner, name string) bool {
-	for _, t := range s.cfg.Tokens {
-		if t.Name == owner {
-			return slices.Contains(t.NetworkProfiles, name)
-		}
-	}
-	return false
-}
-
 func present(m json.RawMessage) bool { return len(m) > 0 && string(m) != "null" }
 
 // jsonNames are the JSON names of the fields of the struct type t.
@@ -337,7 +327,7 @@ func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request, owner stri
 	// The grant first: what checkNetwork says of a profile's hosts is for
 	// those who may use it (GET /v1/network_profiles shows them to no one
 	// else).
-	if tpl.Network != "" && !s.granted(owner, tpl.Network) {
+	if tpl.Network != "" && !s.cfg.Sessions.Granted(owner, tpl.Network) {
 		return errorf(http.StatusForbidden, "template %q: its network profile is not one this key's token may use", b.TemplateID)
 	}
 	if err := s.checkNetwork(b, tpl); err != nil {

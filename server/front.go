@@ -57,6 +57,10 @@ func (ss *session) info() SessionInfo {
 		CreatedAt: ss.rec.CreatedAt, ExpiresAt: ss.rec.ExpiresAt, State: ss.rec.state(), Front: bytes.Clone(ss.rec.Front)}
 }
 
+// Granted reports whether owner's token may use the network profile name
+// (Token.NetworkProfiles), as the server's own routes judge it.
+func (s *Server) Granted(owner, name string) bool { return s.grants[owner][name] }
+
 // ProfilePolicy returns the egress policy of the network profile name
 // (Config.ProfilePolicies), and false when the server has none for it.
 func (s *Server) ProfilePolicy(name string) (moat.Egress, bool) {
