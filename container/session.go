@@ -66,8 +66,9 @@ import (
 //     session's uid (see exec) of internal/sessionfiles' program, which
 //     never follows a link the code planted.
 //
-// A kill at a run's end also kills a file operation in flight then: that
-// operation fails and changes nothing the code could not have changed.
+// A kill at a run's end spares the file operations in flight (spare):
+// each holds a pidfd of its process, checked live, so a pid of the code's
+// cannot pass for one.
 type session struct {
 	b       *backend
 	release func() // of the backend's client
@@ -81,6 +82,12 @@ type session struct {
 	mounts  []*os.File // the tmpfs roots, opened through /proc/PID/root
 	files   moat.Files
 	killMu  sync.Mutex // held by killAllButInit
+	// opStart is read-held by a file operation from its exec's start until
+	// its process is in spared, and write-held by a kill: a kill never
+	// sees a file operation it cannot tell from the code's processes.
+	opStart sync.RWMutex
+	spareMu sync.Mutex
+	spared  map[int]int // a file operation's pid: a pidfd of it
 	// unkillable is set once a kill of the container's processes failed:
 	// what a run left may still be there, so nothing more runs (enter).
 	unkillable atomic.Bool
@@ -337,6 +344,8 @@ func (s *session) killAllBut(keep int) (err error) {
 			s.unkillable.Store(true)
 		}
 	}()
+	s.opStart.Lock()
+	defer s.opStart.Unlock()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		if err := s.cg.setFrozen(true); err != nil {
@@ -346,7 +355,7 @@ func (s *session) killAllBut(keep int) (err error) {
 		pids, err := s.cg.pids()
 		n := 0
 		for _, pid := range pids {
-			if pid != s.initPid && pid != keep {
+			if pid != s.initPid && pid != keep && !s.isSpared(pid) {
 				unix.Kill(pid, unix.SIGKILL)
 				n++
 			}
@@ -366,7 +375,7 @@ func (s *session) killAllBut(keep int) (err error) {
 			if err != nil {
 				return err
 			}
-			left := slices.DeleteFunc(pids, func(pid int) bool { return pid == s.initPid || pid == keep })
+			left := slices.DeleteFunc(pids, func(pid int) bool { return pid == s.initPid || pid == keep || s.isSpared(pid) })
 			if len(left) == 0 || time.Now().After(deadline) {
 				break
 			}
@@ -556,11 +565,16 @@ func (s *session) exec(ctx context.Context, argv []string, stdin io.Reader, stdo
 		return err
 	}
 	defer s.leave(false)
+	s.opStart.RLock()
 	execID, hj, err := s.startExec(ctx, argv, true)
 	if err != nil {
+		s.opStart.RUnlock()
 		return err
 	}
 	defer hj.Close()
+	unspare := s.spare(ctx, execID)
+	s.opStart.RUnlock()
+	defer unspare()
 	// end kills the command, if it still runs; its end closes the stream.
 	end := func() {
 		ictx, cancel := context.WithTimeout(context.Background(), execWait)
@@ -601,6 +615,49 @@ func (s *session) exec(ctx context.Context, argv []string, stdin io.Reader, stdo
 		return fmt.Errorf("container: session exec %s: its output: %w", argv[0], cerr)
 	}
 	return nil
+}
+
+// spare makes the end-of-run kills spare the process of file operation
+// execID while it lives, and returns what undoes it. The pid counts only
+// while a pidfd opened on it still refers to a live process that the
+// engine, after the pidfd was opened, reported as the exec's running one:
+// then the pid cannot have been reused by a process of the code's. A
+// process that ended first needs no sparing.
+func (s *session) spare(ctx context.Context, execID string) (unspare func()) {
+	none := func() {}
+	pid, err := s.execPid(ctx, execID)
+	if err != nil {
+		return none
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return none
+	}
+	ins, err := s.b.cli.ContainerExecInspect(ctx, execID)
+	if err != nil || !ins.Running || ins.Pid != pid {
+		unix.Close(fd)
+		return none
+	}
+	s.spareMu.Lock()
+	if s.spared == nil {
+		s.spared = map[int]int{}
+	}
+	s.spared[pid] = fd
+	s.spareMu.Unlock()
+	return func() {
+		s.spareMu.Lock()
+		delete(s.spared, pid)
+		s.spareMu.Unlock()
+		unix.Close(fd)
+	}
+}
+
+// isSpared reports whether pid is the live process of a file operation.
+func (s *session) isSpared(pid int) bool {
+	s.spareMu.Lock()
+	defer s.spareMu.Unlock()
+	fd, ok := s.spared[pid]
+	return ok && unix.PidfdSendSignal(fd, 0, nil, 0) == nil
 }
 
 // killExec kills process pid if it is still a process of the session's

@@ -2,6 +2,7 @@ package container_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -684,5 +685,61 @@ func BenchmarkSessionVsOneShot(b *testing.B) {
 			slices.Sort(ts)
 			b.ReportMetric(float64((ts[4]+ts[5]).Microseconds())/2000, names[i]+"-median-ms")
 		}
+	}
+}
+
+// slowReader yields n chunks of size bytes, pausing between them.
+type slowReader struct {
+	n, size int
+	pause   time.Duration
+}
+
+func (r *slowReader) Read(p []byte) (int, error) {
+	if r.n == 0 {
+		return 0, io.EOF
+	}
+	time.Sleep(r.pause)
+	r.n--
+	return copy(p, bytes.Repeat([]byte("x"), min(r.size, len(p)))), nil
+}
+
+// TestSessionFileOpOutlivesARunsEnd: a file operation in flight when a run
+// ends is not killed with the run's processes (the end-of-run kill spares
+// it), while what the run left running is.
+func TestSessionFileOpOutlivesARunsEnd(t *testing.T) {
+	needEngine(t)
+	sb := factory(t, moat.Limits{})
+	defer sb.Close()
+	ss := newSession(t, sb)
+	ctx := context.Background()
+	done := make(chan error, 1)
+	go func() {
+		done <- ss.WriteFile(ctx, "slow.bin", &slowReader{n: 30, size: 1000, pause: 50 * time.Millisecond})
+	}()
+	time.Sleep(300 * time.Millisecond) // the write's process is up
+	for i := 0; i < 3; i++ {
+		res := run(t, ss, `import subprocess; subprocess.Popen(["sleep", "60"]); print("ran")`)
+		if strings.TrimSpace(string(res.Stdout)) != "ran" {
+			t.Fatalf("run %d: %q %q", i, res.Stdout, res.Stderr)
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("the write in flight across the runs' ends failed: %v", err)
+	}
+	res := run(t, ss, `import glob, os
+print(os.path.getsize("slow.bin"))
+n = 0
+for f in glob.glob("/proc/[0-9]*/comm"):
+    try:
+        n += open(f).read().strip() == "sleep"
+    except OSError:
+        pass
+print(n)`)
+	got := strings.Fields(string(res.Stdout))
+	if len(got) != 2 || got[0] != "30000" {
+		t.Fatalf("after the write: %q %q", res.Stdout, res.Stderr)
+	}
+	if got[1] != "0" {
+		t.Errorf("%s sleeps the runs started are still running", got[1])
 	}
 }
