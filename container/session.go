@@ -68,7 +68,10 @@ import (
 //
 // A kill at a run's end spares the file operations in flight (spare):
 // each holds a pidfd of its process, checked live, so a pid of the code's
-// cannot pass for one.
+// cannot pass for one. A spared process is the operation's own, of the
+// session's uid like the code: one the code took over (through
+// /proc/PID/mem, say) lives no longer than the operation, whose end kills
+// it (exec's end), and what it starts is not spared.
 type session struct {
 	b       *backend
 	release func() // of the backend's client
