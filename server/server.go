@@ -37,6 +37,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"mime"
 	"net"
 	"net/http"
 	"slices"
@@ -47,6 +48,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/internal/version"
 )
 
 //go:embed openapi.json
@@ -358,7 +360,7 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request, _ string) 
 	if closing {
 		return errShuttingDown
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"status": "ok"})
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "version": version.String()})
 	return nil
 }
 
@@ -438,10 +440,16 @@ func (s *Server) handleNetworkProfiles(w http.ResponseWriter, r *http.Request, o
 }
 
 // decode reads a JSON body of at most MaxBodyBytes into v: one value,
-// known fields only, the right types.
+// known fields only, the right types. A body announced as anything but
+// application/json (a form, as curl -d sends by default) is refused with
+// 415 unsupported_media_type; one with no Content-Type is read as JSON.
 func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) error {
-	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
-		return badRequest("content type %q: send application/json", ct)
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
+			// curl -d sends application/x-www-form-urlencoded unless
+			// told otherwise: say what to send instead.
+			return fmt.Errorf("body of type %q (curl -d sends a form unless given -H 'Content-Type: application/json'): %w", ct, errMediaType)
+		}
 	}
 	body := http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxBodyBytes))
 	dec := json.NewDecoder(body)
