@@ -87,7 +87,12 @@ func TestSessionLifecycle(t *testing.T) {
 				t.Errorf("download made.txt: %q", r.Body)
 			}
 			r = must(t, call(t, "GET", base+"/files", tokenA, nil), 200)
-			var list struct{ Files []moat.FileInfo }
+			var list struct {
+				Files []struct {
+					Name string
+					Size int64
+				}
+			}
 			json.Unmarshal(r.Body, &list)
 			names := map[string]int64{}
 			for _, f := range list.Files {
