@@ -4,6 +4,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -60,5 +62,40 @@ func TestPythonClient(t *testing.T) {
 	// They must have run, not been skipped.
 	if strings.Contains(string(out), "skipped") || !strings.Contains(string(out), "OK") {
 		t.Errorf("the Python tests did not all run")
+	}
+}
+
+// TestJSClient runs the JavaScript client's tests (clients/js, node --test)
+// against a real server on loopback. CI has Node 20; elsewhere a machine
+// without node skips.
+func TestJSClient(t *testing.T) {
+	node, err := exec.LookPath("node")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI must have node (Node 20) for the JavaScript client's tests")
+		}
+		t.Skip("no node on PATH (CI has Node 20)")
+	}
+	if out, err := exec.Command(node, "--version").Output(); err != nil || !regexp.MustCompile(`^v(2[0-9]|[3-9][0-9])\.`).Match(out) {
+		t.Fatalf("node --version: %q, %v: the client needs Node 20 or later", out, err)
+	}
+	ts := startServer(t, moat.Limits{WallTime: moat.Duration(time.Minute)}, nil)
+	cmd := exec.Command(node, "--test")
+	cmd.Dir = "../clients/js"
+	cmd.Env = clientEnv(ts, t.TempDir())
+	out, err := cmd.CombinedOutput()
+	t.Logf("node --test:\n%s", out)
+	if err != nil {
+		t.Fatalf("the JavaScript client's tests failed: %v", err)
+	}
+	// They must have run, not been skipped: the suite against the server
+	// holds more than ten.
+	n := 0
+	if m := regexp.MustCompile(`(?m)^# pass (\d+)$`).FindSubmatch(out); m != nil {
+		n, _ = strconv.Atoi(string(m[1]))
+	}
+	if n < 10 || !regexp.MustCompile(`(?m)^# fail 0$`).Match(out) ||
+		!regexp.MustCompile(`(?m)^# skipped 0$`).Match(out) {
+		t.Errorf("the JavaScript tests did not all run")
 	}
 }
