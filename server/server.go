@@ -16,6 +16,17 @@
 // moat.Suspender and the sandbox moat.Resumer. The routes are listed in routes() and
 // documented in openapi.json, which the server serves at /openapi.json.
 //
+// Request bodies are JSON sent as Content-Type: application/json (a form,
+// as curl -d sends by default, is 415 unsupported_media_type). A result's
+// stdout and stderr are text; a stream that is not valid UTF-8 is also
+// given exactly, in base64 (stdout_b64, stderr_b64; data_b64 in events).
+// Files are listed with their kind (file, dir, symlink, other) and their
+// permissions in octal ("0755"). /healthz names the build (package
+// internal/version). server/README.md has a quickstart of curl commands
+// that TestREADMEQuickstart runs; the clients in clients/python and
+// clients/js are tested against a real server by TestPythonClient and
+// TestJSClient.
+//
 // Every error is a JSON body {"error": {"code", "message"}} whose code is
 // stable; errorTable maps error classes to statuses.
 //
