@@ -457,9 +457,12 @@ func (s *Server) handleNetworkProfiles(w http.ResponseWriter, r *http.Request, o
 func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) error {
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
-			// curl -d sends application/x-www-form-urlencoded unless
-			// told otherwise: say what to send instead.
-			return fmt.Errorf("body of type %q (curl -d sends a form unless given -H 'Content-Type: application/json'): %w", ct, errMediaType)
+			hint := ""
+			if mt == "application/x-www-form-urlencoded" {
+				// What curl -d sends unless told otherwise.
+				hint = " (curl -d sends a form unless given -H 'Content-Type: application/json')"
+			}
+			return fmt.Errorf("body of type %q%s: %w", ct, hint, errMediaType)
 		}
 	}
 	body := http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxBodyBytes))
