@@ -111,12 +111,11 @@ func (s *Server) handleGetFile(w http.ResponseWriter, r *http.Request, owner str
 	name := r.PathValue("path")
 	rc, err := sess.ReadFile(r.Context(), name)
 	if err != nil {
-		if !errors.Is(err, fs.ErrNotExist) {
-			// A level refuses to read a directory in its own words;
-			// the answer says it plainly, with a code of its own.
-			if fi, serr := sess.Stat(r.Context(), name); serr == nil && fi.IsDir {
-				return isDir(name)
-			}
+		// A level refuses to read a directory in its own words (some
+		// as not found): the answer says it plainly, with a code of its
+		// own.
+		if fi, serr := sess.Stat(r.Context(), name); serr == nil && fi.IsDir {
+			return isDir(name)
 		}
 		return err
 	}
