@@ -18,6 +18,8 @@ var (
 	errUnauthorized  = errors.New("server: missing or unknown bearer token")
 	errNotFound      = errors.New("server: not found")
 	errBadRequest    = errors.New("server: malformed request")
+	errMediaType     = errors.New("server: send the body as JSON, with the header Content-Type: application/json")
+	errIsDir         = errors.New("server: is a directory")
 	errBodyTooLarge  = errors.New("server: request body too large")
 	errCodeTooLarge  = errors.New("server: code too large")
 	errTooMany       = errors.New("server: too many sessions for this token")
@@ -54,6 +56,8 @@ var errorTable = []struct {
 	{errProfileForbidden, http.StatusForbidden, "network_profile_forbidden"},
 	{errBodyTooLarge, http.StatusRequestEntityTooLarge, "body_too_large"},
 	{errCodeTooLarge, http.StatusRequestEntityTooLarge, "code_too_large"},
+	{errMediaType, http.StatusUnsupportedMediaType, "unsupported_media_type"},
+	{errIsDir, http.StatusConflict, "is_a_directory"},
 	{errBadRequest, http.StatusBadRequest, "bad_request"},
 	{errUnknownLevel, http.StatusBadRequest, "unknown_level"},
 	{errSessionBroken, http.StatusConflict, "session_broken"},

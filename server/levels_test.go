@@ -2,11 +2,13 @@ package server_test
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -101,6 +103,21 @@ func TestSessionsAtEveryLevel(t *testing.T) {
 				}
 				if r := must(t, call(t, "GET", base+"/files/made.txt", tokenA, nil), 200); string(r.Body) != "uploaded and made" {
 					t.Errorf("interpreter=%v: download: %q", interp, r.Body)
+				}
+				// Whatever the level's own words for it, a directory's
+				// download is is_a_directory, and a listing gives kinds
+				// and octal modes.
+				if r := call(t, "GET", base+"/files/in", tokenA, nil); r.Status != http.StatusConflict || r.ErrorCode(t) != "is_a_directory" {
+					t.Errorf("interpreter=%v: download of a directory: %d %s", interp, r.Status, r.Body)
+				}
+				listing := string(must(t, call(t, "GET", base+"/files", tokenA, nil), 200).Body)
+				if !regexp.MustCompile(`\{"name":"in","type":"dir","mode":"0[0-7]{3}"`).MatchString(listing) ||
+					!regexp.MustCompile(`\{"name":"made.txt","type":"file","mode":"0[0-7]{3}"`).MatchString(listing) {
+					t.Errorf("interpreter=%v: listing %s", interp, listing)
+				}
+				// Output that is not UTF-8 comes back exactly.
+				if got := run(allBytes); got["stdout_b64"] != base64.StdEncoding.EncodeToString(every(false)) || got["stderr_b64"] != base64.StdEncoding.EncodeToString(every(true)) {
+					t.Errorf("interpreter=%v: binary output: %v", interp, got)
 				}
 				must(t, call(t, "DELETE", base, tokenA, nil), 204)
 			}

@@ -3,6 +3,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -12,6 +13,7 @@ import (
 	"net/http"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/moatsandbox/moat"
 )
@@ -178,11 +180,44 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request, owner string, l
 	}
 	s.log.Info("run", append(attrs, "exit_code", res.ExitCode, "stream", req.Stream)...)
 	if sse != nil {
-		sse.finish("result", res)
+		sse.finish("result", resultView{res})
 		return nil
 	}
-	writeJSON(w, http.StatusOK, res)
+	writeJSON(w, http.StatusOK, resultView{res})
 	return nil
+}
+
+// resultView is a Result as the API answers it: moat.Result's JSON (the
+// `moat run --json` fields, stdout and stderr as text in which bytes that
+// are not UTF-8 became U+FFFD), plus stdout_b64 and stderr_b64, the exact
+// bytes in standard base64, for each stream that is not valid UTF-8 and
+// only then. A client that needs the bytes takes the _b64 field when it is
+// there and the text's UTF-8 otherwise.
+type resultView struct{ r *moat.Result }
+
+func (v resultView) MarshalJSON() ([]byte, error) {
+	data, err := json.Marshal(v.r)
+	if err != nil || (utf8.Valid(v.r.Stdout) && utf8.Valid(v.r.Stderr)) {
+		return data, err
+	}
+	extra, err := json.Marshal(struct {
+		Stdout []byte `json:"stdout_b64,omitempty"`
+		Stderr []byte `json:"stderr_b64,omitempty"`
+	}{rawIfInvalid(v.r.Stdout), rawIfInvalid(v.r.Stderr)})
+	if err != nil {
+		return nil, err
+	}
+	// Both are JSON objects: splice the second's fields into the first.
+	data = bytes.TrimRight(data, " \n")
+	return append(append(data[:len(data)-1], ','), extra[1:]...), nil
+}
+
+// rawIfInvalid is p if it is not valid UTF-8, else nil.
+func rawIfInvalid(p []byte) []byte {
+	if utf8.Valid(p) {
+		return nil
+	}
+	return p
 }
 
 // newID returns a random id with a prefix.

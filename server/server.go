@@ -16,6 +16,17 @@
 // moat.Suspender and the sandbox moat.Resumer. The routes are listed in routes() and
 // documented in openapi.json, which the server serves at /openapi.json.
 //
+// Request bodies are JSON sent as Content-Type: application/json (a form,
+// as curl -d sends by default, is 415 unsupported_media_type). A result's
+// stdout and stderr are text; a stream that is not valid UTF-8 is also
+// given exactly, in base64 (stdout_b64, stderr_b64; data_b64 in events).
+// Files are listed with their kind (file, dir, symlink, other) and their
+// permissions in octal ("0755"). /healthz names the build (package
+// internal/version). server/README.md has a quickstart of curl commands
+// that TestREADMEQuickstart runs; the clients in clients/python and
+// clients/js are tested against a real server by TestPythonClient and
+// TestJSClient.
+//
 // Every error is a JSON body {"error": {"code", "message"}} whose code is
 // stable; errorTable maps error classes to statuses.
 //
@@ -37,6 +48,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"mime"
 	"net"
 	"net/http"
 	"slices"
@@ -47,6 +59,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/internal/version"
 )
 
 //go:embed openapi.json
@@ -358,7 +371,7 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request, _ string) 
 	if closing {
 		return errShuttingDown
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"status": "ok"})
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "version": version.String()})
 	return nil
 }
 
@@ -438,10 +451,19 @@ func (s *Server) handleNetworkProfiles(w http.ResponseWriter, r *http.Request, o
 }
 
 // decode reads a JSON body of at most MaxBodyBytes into v: one value,
-// known fields only, the right types.
+// known fields only, the right types. A body announced as anything but
+// application/json (a form, as curl -d sends by default) is refused with
+// 415 unsupported_media_type; one with no Content-Type is read as JSON.
 func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) error {
-	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
-		return badRequest("content type %q: send application/json", ct)
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
+			hint := ""
+			if mt == "application/x-www-form-urlencoded" {
+				// What curl -d sends unless told otherwise.
+				hint = " (curl -d sends a form unless given -H 'Content-Type: application/json')"
+			}
+			return fmt.Errorf("body of type %q%s: %w", ct, hint, errMediaType)
+		}
 	}
 	body := http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxBodyBytes))
 	dec := json.NewDecoder(body)

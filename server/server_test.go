@@ -87,7 +87,12 @@ func TestSessionLifecycle(t *testing.T) {
 				t.Errorf("download made.txt: %q", r.Body)
 			}
 			r = must(t, call(t, "GET", base+"/files", tokenA, nil), 200)
-			var list struct{ Files []moat.FileInfo }
+			var list struct {
+				Files []struct {
+					Name string
+					Size int64
+				}
+			}
 			json.Unmarshal(r.Body, &list)
 			names := map[string]int64{}
 			for _, f := range list.Files {
@@ -374,7 +379,7 @@ func TestHostileRequests(t *testing.T) {
 		{"body over the cap", "POST", ts.URL + "/v1/runs", `{"code": "print(1)", "level": "` + strings.Repeat("x", 5000) + `"}`, 413, "body_too_large"},
 		{"upload over the cap", "PUT", base + "/files/big", bytes.Repeat([]byte("x"), 2001), 413, "body_too_large"},
 		{"upload over the cap, no length", "PUT", base + "/files/big", io.MultiReader(bytes.NewReader(bytes.Repeat([]byte("x"), 2001))), 413, "body_too_large"},
-		{"wrong content type", "POST", ts.URL + "/v1/runs", []byte(`{"code": "print(1)"}`), 400, "bad_request"},
+		{"wrong content type", "POST", ts.URL + "/v1/runs", []byte(`{"code": "print(1)"}`), 415, "unsupported_media_type"},
 		{"dot-dot in the URL", "GET", base + "/files/../../../etc/passwd", nil, 400, "invalid"},
 		{"dot-dot in the URL, put", "PUT", base + "/files/a/../../x", []byte("x"), 400, "invalid"},
 		{"encoded dot-dot", "GET", base + "/files/..%2F..%2F..%2Fetc%2Fpasswd", nil, 400, "invalid"},

@@ -32,7 +32,9 @@ const maxEventBytes = 64 << 10
 // a multi-byte UTF-8 character, its first bytes wait for the rest, in the
 // next write of that stream (see utf8Cut); none is sent as U+FFFD. When the
 // run ends, what is still held is sent as it is, so that bytes that are not
-// UTF-8 become U+FFFD as in the result. No event is empty.
+// UTF-8 become U+FFFD as in the result; an event whose bytes are not valid
+// UTF-8 also carries them exactly, in base64, as data_b64 (and the result
+// as stdout_b64/stderr_b64, see resultView). No event is empty.
 //
 // Only the writer's goroutine touches the ResponseWriter once newSSE has
 // returned; the handler must call wait before it returns.
@@ -194,7 +196,11 @@ func (e *sseWriter) run() {
 			if len(c.data) == 0 {
 				continue // never queued; an empty event would say nothing
 			}
-			if err = e.event(c.name, map[string]string{"data": strings.ToValidUTF8(string(c.data), "\uFFFD")}); err != nil {
+			ev := map[string]any{"data": strings.ToValidUTF8(string(c.data), "\uFFFD")}
+			if !utf8.Valid(c.data) {
+				ev["data_b64"] = c.data // encoding/json writes []byte as base64
+			}
+			if err = e.event(c.name, ev); err != nil {
 				break
 			}
 			sent += int64(len(c.data))
