@@ -95,7 +95,7 @@ func (f *sandboxFlags) resolve() (fileConfig, error) {
 	if f.configPath != "" {
 		data, err := os.ReadFile(f.configPath)
 		if err != nil {
-			return fc, fmt.Errorf("config: %w: %w", err, moat.ErrInvalid)
+			return fc, fmt.Errorf("config: %w", moat.Invalid(err))
 		}
 		if fc, err = decodeConfig(data); err != nil {
 			if msg, ok := strings.CutSuffix(err.Error(), ": "+moat.ErrInvalid.Error()); ok {
@@ -338,23 +338,6 @@ func parseLevels(ctx context.Context, s string, fc fileConfig) ([]moat.Level, er
 		out = append(out, l)
 	}
 	return out, nil
-}
-
-// exitFor maps an error to the exit status and prints it as one line.
-func exitFor(stdio Stdio, err error) int {
-	msg := oneLine(err.Error())
-	if !strings.HasPrefix(msg, "moat: ") {
-		msg = "moat: " + msg
-	}
-	fmt.Fprintln(stdio.Err, msg)
-	if errors.Is(err, moat.ErrInvalid) {
-		return exitUsage
-	}
-	return exitInternal
-}
-
-func oneLine(s string) string {
-	return strings.Join(strings.Fields(s), " ")
 }
 
 // commandUsage is the synopsis line of each command, for -h.

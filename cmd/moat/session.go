@@ -95,7 +95,7 @@ func (c *apiClient) do(ctx context.Context, method, path string, body any, out a
 	}
 	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
 	if err != nil {
-		return fmt.Errorf("session: %w: %w", err, moat.ErrInvalid)
+		return fmt.Errorf("session: %w", moat.Invalid(err))
 	}
 	req.Header.Set("Authorization", "Bearer "+c.token)
 	if ctype != "" {
@@ -103,7 +103,7 @@ func (c *apiClient) do(ctx context.Context, method, path string, body any, out a
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return fmt.Errorf("session: cannot reach moat serve at %s (is it running? --url or MOAT_URL): %w: %w", c.base, err, moat.ErrUnavailable)
+		return fmt.Errorf("session: cannot reach moat serve at %s (is it running? --url or MOAT_URL): %w", c.base, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode >= 300 {
@@ -174,7 +174,7 @@ func newAPIClient(base, tokenFile string) (*apiClient, error) {
 	if tokenFile != "" {
 		b, err := os.ReadFile(tokenFile)
 		if err != nil {
-			return nil, fmt.Errorf("session: --token-file: %w: %w", err, moat.ErrInvalid)
+			return nil, fmt.Errorf("session: --token-file: %w", moat.Invalid(err))
 		}
 		token = strings.TrimSpace(string(b))
 	}
@@ -301,7 +301,7 @@ func sessionCommand(ctx context.Context, c *apiClient, name string, args []strin
 		}
 		f, err := os.Open(args[1])
 		if err != nil {
-			return 0, fmt.Errorf("session put: %w: %w", err, moat.ErrInvalid)
+			return 0, fmt.Errorf("session put: %w", moat.Invalid(err))
 		}
 		defer f.Close()
 		dst := args[1][strings.LastIndexByte(args[1], '/')+1:]
