@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -81,5 +82,93 @@ func TestDoctorSaysHowSessionsSuspend(t *testing.T) {
 	text, _, _ := runMoat(t, "", "doctor")
 	if n := strings.Count(text, "sessions suspend with their memory") + strings.Count(text, "sessions suspend with their files only"); n != available {
 		t.Errorf("%d suspend lines for %d available levels:\n%s", n, available, text)
+	}
+}
+
+// With --progress, doctor says on stderr which level it checks, one line
+// per level as the check starts, in order; stdout holds the report alone,
+// JSON that parses, with moat's version. Without the flag, and stderr not
+// a terminal, it says nothing there.
+func TestDoctorProgressOnStderr(t *testing.T) {
+	stdout, stderr, _ := runMoat(t, "", "doctor", "--json", "--progress")
+	var got struct {
+		Version string `json:"version"`
+		Levels  []struct {
+			Level moat.Level `json:"level"`
+		} `json:"levels"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &got); err != nil {
+		t.Fatalf("stdout is not the JSON report alone: %v\n%s", err, stdout)
+	}
+	if got.Version == "" || got.Version == "unknown" {
+		t.Errorf("version %q", got.Version)
+	}
+	lines := strings.Split(strings.TrimSpace(stderr), "\n")
+	var checked []string
+	for _, l := range lines {
+		if rest, ok := strings.CutPrefix(l, "moat doctor: checking "); ok {
+			name, _, _ := strings.Cut(rest, ":")
+			checked = append(checked, name)
+		}
+	}
+	var want []string
+	for _, e := range levelTable() {
+		want = append(want, string(e.level))
+	}
+	if strings.Join(checked, ",") != strings.Join(want, ",") {
+		t.Errorf("progress checked %v, want %v:\n%s", checked, want, stderr)
+	}
+	if !strings.Contains(stderr, "probing KVM (first time, up to 20 s)") {
+		t.Errorf("progress does not say the microvm check may take 20 s:\n%s", stderr)
+	}
+
+	_, quiet, _ := runMoat(t, "", "doctor", "--json")
+	if strings.Contains(quiet, "checking") {
+		t.Errorf("progress without --progress, stderr not a terminal:\n%s", quiet)
+	}
+}
+
+// isTerminal is true of a character device, false of a pipe or a buffer.
+func TestIsTerminal(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	if isTerminal(w) || isTerminal(&strings.Builder{}) {
+		t.Error("a pipe or a buffer is a terminal")
+	}
+	tty, err := os.OpenFile("/dev/null", os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tty.Close()
+	if !isTerminal(tty) {
+		t.Error("a character device is not a terminal")
+	}
+}
+
+// When no level is available doctor still prints its report, says so in
+// one line on stderr and exits 125 (docs/exit-status.md).
+func TestDoctorNoLevelAvailableExits125(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "missing")
+	cfg := filepath.Join(t.TempDir(), "moat.json")
+	if err := os.WriteFile(cfg, []byte(`{"subprocess": {"python": "`+missing+`"}, "gvisor": {"runsc": "`+missing+`"}, "microvm": {"qemu": "`+missing+`"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("DOCKER_HOST", "unix://"+missing)
+	for _, args := range [][]string{{"doctor", "--config", cfg}, {"doctor", "--config", cfg, "--json"}} {
+		stdout, stderr, code := runMoat(t, "", args...)
+		if code != exitInternal {
+			t.Errorf("%v: exit %d, want %d\n%s%s", args, code, exitInternal, stdout, stderr)
+		}
+		if strings.Count(stdout, "unavailable")+strings.Count(stdout, `"available": false`) < len(moat.Levels) {
+			t.Errorf("%v: the report does not say each level is unavailable:\n%s", args, stdout)
+		}
+	}
+	_, stderr, _ := runMoat(t, "", "doctor", "--config", cfg)
+	if !strings.Contains(stderr, "no level is available here") {
+		t.Errorf("stderr %q", stderr)
 	}
 }

@@ -155,6 +155,9 @@ type levelEntry struct {
 	// claims says which attacks the level, configured by fc, claims to
 	// block.
 	claims func(fc fileConfig, a attack.Name) bool
+	// checking says what check looks at, for moat doctor's progress
+	// line as it starts: "checking microvm: ...".
+	checking string
 }
 
 func claimsAll(fileConfig, attack.Name) bool { return true }
@@ -163,7 +166,8 @@ func claimsAll(fileConfig, attack.Name) bool { return true }
 func levelTable() []levelEntry {
 	return []levelEntry{
 		{
-			level: moat.LevelSubprocess,
+			level:    moat.LevelSubprocess,
+			checking: "checking subprocess: root, Landlock, seccomp, cgroups",
 			open: func(ctx context.Context, fc fileConfig) (moat.Sandbox, error) {
 				cfg := fc.Subprocess
 				cfg.Limits = fc.Limits
@@ -195,7 +199,8 @@ func levelTable() []levelEntry {
 			},
 		},
 		{
-			level: moat.LevelContainer,
+			level:    moat.LevelContainer,
+			checking: "checking container: the Docker engine, its runtime and the image",
 			open: func(ctx context.Context, fc fileConfig) (moat.Sandbox, error) {
 				cfg, err := fc.containerConfig()
 				if err != nil {
@@ -213,7 +218,8 @@ func levelTable() []levelEntry {
 			claims: claimsAll,
 		},
 		{
-			level: moat.LevelGVisor,
+			level:    moat.LevelGVisor,
+			checking: "checking gvisor: runsc and the image",
 			open: func(ctx context.Context, fc fileConfig) (moat.Sandbox, error) {
 				cfg, err := fc.gvisorConfig()
 				if err != nil {
@@ -231,7 +237,8 @@ func levelTable() []levelEntry {
 			claims: claimsAll,
 		},
 		{
-			level: moat.LevelMicroVM,
+			level:    moat.LevelMicroVM,
+			checking: "checking microvm: QEMU, the guest kernel, the disk; probing KVM (first time, up to 20 s)",
 			open: func(ctx context.Context, fc fileConfig) (moat.Sandbox, error) {
 				cfg, err := fc.microvmConfig()
 				if err != nil {
