@@ -172,3 +172,39 @@ func TestDoctorNoLevelAvailableExits125(t *testing.T) {
 		t.Errorf("stderr %q", stderr)
 	}
 }
+
+// A run under the tutorial profile says on stderr, in one line, every
+// time, what that profile lets through; a strict run says nothing of it.
+func TestTutorialRunWarns(t *testing.T) {
+	for i := 0; i < 2; i++ {
+		for _, args := range [][]string{
+			{"run", "--hardening", "tutorial", "-c", "print(6 * 7)"},
+			{"run", "--hardening", "tutorial", "--json", "-c", "print(6 * 7)"},
+		} {
+			stdout, stderr, code := runMoat(t, "", args...)
+			if code != 0 || !strings.Contains(stdout, "42") {
+				t.Fatalf("%v: exit %d, stdout %q, stderr %q", args, code, stdout, stderr)
+			}
+			if strings.Contains(stdout, "warning") {
+				t.Errorf("%v: the warning is on stdout: %q", args, stdout)
+			}
+			var warnings []string
+			for _, l := range strings.Split(stderr, "\n") {
+				if strings.HasPrefix(l, "moat: warning:") {
+					warnings = append(warnings, l)
+				}
+			}
+			if len(warnings) != 1 {
+				t.Fatalf("%v: %d warning lines, want 1: %q", args, len(warnings), stderr)
+			}
+			if !strings.Contains(warnings[0], "3 of the tutorial's 6") || !strings.Contains(warnings[0], "fork_flood, credentials, network get through") {
+				t.Errorf("%v: the warning does not say what gets through: %q", args, warnings[0])
+			}
+		}
+	}
+	requireRoot(t)
+	_, stderr, code := runMoat(t, "", "run", "-c", "print(1)")
+	if code != 0 || strings.Contains(stderr, "warning") {
+		t.Errorf("strict run: exit %d, stderr %q", code, stderr)
+	}
+}

@@ -138,13 +138,45 @@ func (f *sandboxFlags) resolve() (fileConfig, error) {
 	return fc, nil
 }
 
-// open returns a sandbox at the chosen level.
-func (f *sandboxFlags) open(ctx context.Context) (moat.Sandbox, error) {
+// open returns a sandbox at the chosen level. When the settings weaken
+// it (see hardeningWarning) it says so on stderr first, every time.
+func (f *sandboxFlags) open(ctx context.Context, stdio Stdio) (moat.Sandbox, error) {
 	fc, err := f.resolve()
 	if err != nil {
 		return nil, err
 	}
+	warnHardening(stdio, fc, fc.Level)
 	return openLevel(ctx, fc, fc.Level)
+}
+
+// hardeningWarning is what a command that runs code at l with fc says on
+// stderr, in one line, when fc makes the level block less than it can:
+// which of the tutorial's six attacks (attack.All[:6]) the level then
+// lets through, as its claims say. It is "" when it blocks them all.
+func hardeningWarning(fc fileConfig, l moat.Level) string {
+	e, err := findLevel(l)
+	if err != nil {
+		return ""
+	}
+	var through []string
+	basic := attack.All[:6]
+	for _, a := range basic {
+		if !e.claims(fc, a) {
+			through = append(through, string(a))
+		}
+	}
+	if len(through) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("moat: warning: %s with hardening=%s blocks only %d of the tutorial's %d attacks: %s get through (moat attack shows them); never give it code you do not trust",
+		l, fc.Subprocess.Hardening, len(basic)-len(through), len(basic), strings.Join(through, ", "))
+}
+
+// warnHardening prints hardeningWarning's line, if any, on stderr.
+func warnHardening(stdio Stdio, fc fileConfig, l moat.Level) {
+	if w := hardeningWarning(fc, l); w != "" {
+		fmt.Fprintln(stdio.Err, w)
+	}
 }
 
 // levelEntry wires one isolation level into the CLI.

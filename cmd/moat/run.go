@@ -25,7 +25,7 @@ func cmdRun(ctx context.Context, args []string, stdio Stdio) int {
 	if err != nil {
 		return exitFor(stdio, err)
 	}
-	sb, err := sf.open(ctx)
+	sb, err := sf.open(ctx, stdio)
 	if err != nil {
 		return exitFor(stdio, err)
 	}

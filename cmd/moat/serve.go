@@ -152,6 +152,7 @@ func cmdServe(ctx context.Context, args []string, stdio Stdio) int {
 		}
 	}()
 	for _, l := range served {
+		warnHardening(stdio, fc, l)
 		sb, err := openLevel(ctx, fc, l)
 		if err != nil {
 			return exitFor(stdio, err)
