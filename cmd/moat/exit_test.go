@@ -60,6 +60,26 @@ func TestExitStatusTable(t *testing.T) {
 		}
 	}
 
+	// The server's answers, as moat session maps them.
+	for _, tt := range []struct {
+		status int
+		code   string
+		want   int
+	}{
+		{400, "bad_request", exitUsage},
+		{404, "not_found", exitUsage},
+		{429, "busy", exitEnvironment},
+		{429, "too_many_sessions", exitEnvironment},
+		{409, "session_busy", exitEnvironment},
+		{503, "shutting_down", exitEnvironment},
+		{503, "unavailable", exitInternal},
+		{500, "internal", exitInternal},
+	} {
+		if got := (&apiError{status: tt.status, code: tt.code}).exit(); got != tt.want {
+			t.Errorf("server answered %d %s: exit %d, want %d", tt.status, tt.code, got, tt.want)
+		}
+	}
+
 	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "exit-status.md"))
 	if err != nil {
 		t.Fatal(err)

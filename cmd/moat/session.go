@@ -67,14 +67,26 @@ func (e *apiError) Error() string {
 	return fmt.Sprintf("session: server answered %d %s: %s", e.status, e.code, e.message)
 }
 
-// exit maps the server's answer onto moat's exit statuses: a request the
-// server refused is the caller's to fix (2), a server that could not serve
-// it is moat's (125).
+// exit maps the server's answer onto moat's exit statuses: a server too
+// busy for the request now is the environment's (3: the same request may
+// pass later), a request the server refused is the caller's to fix (2), a
+// server that could not serve it is moat's (125).
 func (e *apiError) exit() int {
-	if e.status >= 400 && e.status < 500 {
+	switch {
+	case busyCodes[e.code]:
+		return exitEnvironment
+	case e.status >= 400 && e.status < 500:
 		return exitUsage
 	}
 	return exitInternal
+}
+
+// busyCodes are the server's error codes (server/errors.go) for a request
+// refused only for now: too many runs or sessions, a session busy with
+// another run, a server shutting down.
+var busyCodes = map[string]bool{
+	"busy": true, "token_busy": true, "queue_timeout": true, "too_many_sessions": true,
+	"session_busy": true, "shutting_down": true,
 }
 
 // do sends one request and decodes a JSON answer into out (when not nil).
