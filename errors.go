@@ -26,6 +26,18 @@ var (
 	ErrSpent = errors.New("session budget spent")
 )
 
+// Invalid returns err classed as [ErrInvalid], for a caller that turns an
+// error of its own (a file that does not open, a value that does not
+// parse) into bad input. An err that matches ErrInvalid already is
+// returned as it is, so that a message ends in ErrInvalid's text once
+// however many callers class it on the way up. Invalid(nil) is nil.
+func Invalid(err error) error {
+	if err == nil || errors.Is(err, ErrInvalid) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", err, ErrInvalid)
+}
+
 // UnavailableError says why a level cannot run and what to do about it. It
 // matches [ErrUnavailable] under errors.Is.
 type UnavailableError struct {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"strings"
 	"testing"
 
 	"github.com/moatsandbox/moat"
@@ -113,5 +114,30 @@ func TestParseLevel(t *testing.T) {
 		if moat.Levels[i] != want[i] {
 			t.Errorf("Levels = %v, want %v, lightest first", moat.Levels, want)
 		}
+	}
+}
+
+// Invalid classes an error as ErrInvalid once: classing it again, on the
+// way up, adds nothing to its message.
+func TestInvalid(t *testing.T) {
+	base := errors.New("open x.py: no such file")
+	once := moat.Invalid(base)
+	if !errors.Is(once, moat.ErrInvalid) || !errors.Is(once, base) {
+		t.Fatalf("Invalid(%q) = %q: not ErrInvalid and base", base, once)
+	}
+	if want := "open x.py: no such file: invalid input"; once.Error() != want {
+		t.Errorf("Invalid(%q) = %q, want %q", base, once, want)
+	}
+	for _, again := range []error{
+		moat.Invalid(once),
+		moat.Invalid(fmt.Errorf("config: %w", once)),
+		moat.Invalid(moat.ErrInvalid),
+	} {
+		if n := strings.Count(again.Error(), moat.ErrInvalid.Error()); n != 1 {
+			t.Errorf("%q says %q %d times", again, moat.ErrInvalid, n)
+		}
+	}
+	if moat.Invalid(nil) != nil {
+		t.Error("Invalid(nil) != nil")
 	}
 }

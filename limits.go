@@ -129,7 +129,7 @@ func (l Limits) Validate() error {
 		bad("open files %d is below the 16 Python needs to start", l.OpenFiles)
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("moat: limits: %w: %w", errors.Join(errs...), ErrInvalid)
+		return fmt.Errorf("moat: limits: %w", Invalid(errors.Join(errs...)))
 	}
 	return nil
 }

@@ -48,7 +48,7 @@ func (e *daemon) runtimeVersionText() string {
 func probe(ctx context.Context, cli *client.Client, cfg Config) (*daemon, error) {
 	e := &daemon{host: cli.DaemonHost()}
 	if _, err := cli.Ping(ctx); err != nil {
-		return nil, unavailable("no Docker engine answers at "+e.host, "run scripts/setup-docker.sh (as root) to install and start dockerd", err)
+		return nil, engineUnreachable(e.host, err)
 	}
 	cli.NegotiateAPIVersion(ctx)
 	e.apiVersion = cli.ClientVersion()

@@ -141,7 +141,7 @@ func (c Config) WithDefaults() Config {
 // Validate reports whether c can be built. The error wraps moat.ErrInvalid.
 func (c Config) Validate() error {
 	if err := c.validate(); err != nil {
-		return fmt.Errorf("%w: %w", err, moat.ErrInvalid)
+		return moat.Invalid(err)
 	}
 	return nil
 }

@@ -452,7 +452,7 @@ func Listen(addr string) (net.Listener, error) {
 	}
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return nil, fmt.Errorf("mcpserver: address %q: %w: %w", addr, err, moat.ErrInvalid)
+		return nil, fmt.Errorf("mcpserver: address %q: %w", addr, moat.Invalid(err))
 	}
 	if !loopback(host) {
 		return nil, fmt.Errorf("mcpserver: address %q is not loopback; the MCP server has no authentication and listens on 127.0.0.1, ::1 or localhost only: %w", addr, moat.ErrInvalid)

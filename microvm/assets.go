@@ -65,6 +65,8 @@ type kernel struct {
 	// when not nil, says why the kernel cannot have one.
 	NetModules []string
 	NetErr     error
+	// Ignored are the unfinished kernels findKernel passed over (NAME.tmp).
+	Ignored []string
 }
 
 // findKernel returns the kernel in dir (an extracted linux-image package,
@@ -72,18 +74,32 @@ type kernel struct {
 // what is not built in, DIR/lib/modules/REL), or when dir is empty the
 // best under STATE/microvm/kernels: moat's minimal kernel (moat-*, made by
 // kernel/build.sh), which boots faster, else the newest Debian one.
+//
+// Under STATE/microvm/kernels it ignores what is not finished: the set-up
+// (scripts/setup-microvm.sh) builds or extracts each kernel into NAME.tmp
+// and renames it into place once complete, so a NAME.tmp (or a hidden
+// .NAME) is a kernel being made, or one whose making died. They are listed
+// in the kernel's Ignored, and in the error when nothing else is usable.
 func findKernel(stateDir, dir string) (*kernel, error) {
 	dirs := []string{dir}
+	var ignored []string
 	if dir == "" {
 		found, _ := filepath.Glob(filepath.Join(stateDir, "microvm", "kernels", "*"))
-		sort.Slice(found, func(i, j int) bool {
-			mi, mj := strings.HasPrefix(filepath.Base(found[i]), "moat-"), strings.HasPrefix(filepath.Base(found[j]), "moat-")
+		dirs = nil
+		for _, d := range found {
+			if name := filepath.Base(d); strings.HasSuffix(name, ".tmp") || strings.HasPrefix(name, ".") {
+				ignored = append(ignored, name)
+				continue
+			}
+			dirs = append(dirs, d)
+		}
+		sort.Slice(dirs, func(i, j int) bool {
+			mi, mj := strings.HasPrefix(filepath.Base(dirs[i]), "moat-"), strings.HasPrefix(filepath.Base(dirs[j]), "moat-")
 			if mi != mj {
 				return mi
 			}
-			return found[i] > found[j]
+			return dirs[i] > dirs[j]
 		})
-		dirs = found
 	}
 	var problems []string
 	for _, d := range dirs {
@@ -92,6 +108,7 @@ func findKernel(stateDir, dir string) (*kernel, error) {
 			rel := strings.TrimPrefix(filepath.Base(img), "vmlinuz-")
 			k, err := kernelAt(d, rel, img)
 			if err == nil {
+				k.Ignored = ignored
 				return k, nil
 			}
 			problems = append(problems, err.Error())
@@ -100,6 +117,9 @@ func findKernel(stateDir, dir string) (*kernel, error) {
 	where := dir
 	if where == "" {
 		where = filepath.Join(stateDir, "microvm", "kernels")
+	}
+	if len(ignored) > 0 {
+		problems = append(problems, "ignored, unfinished: "+strings.Join(ignored, ", ")+" (is the set-up still making it? it renames a kernel into place once complete)")
 	}
 	if len(problems) > 0 {
 		return nil, fmt.Errorf("microvm: no usable guest kernel in %s: %s", where, strings.Join(problems, "; "))

@@ -314,14 +314,26 @@ func New(cfg Config) (*Sandbox, error) {
 // Check says whether a sandbox with cfg can run here and which accelerator
 // it uses, without reaping anything. It builds the cached assets and runs
 // the accelerator probe if they are not there yet, but boots no template.
-func Check(ctx context.Context, cfg Config) moat.Availability {
-	a := moat.Availability{Level: moat.LevelMicroVM}
+func Check(ctx context.Context, cfg Config) (a moat.Availability) {
+	a = moat.Availability{Level: moat.LevelMicroVM}
 	if err := cfg.Validate(); err != nil {
 		a.Reason = err.Error()
 		return a
 	}
 	cfg = cfg.withDefaults()
 	b, err := prepare(ctx, cfg, slog.New(slog.DiscardHandler))
+	// Which kernel, also when a later step failed, and which were passed
+	// over as unfinished.
+	var kernelNotes []string
+	if k, kerr := findKernel(cfg.StateDir, cfg.KernelDir); kerr == nil {
+		if err != nil {
+			kernelNotes = append(kernelNotes, "kernel: "+k.Image)
+		}
+		for _, name := range k.Ignored {
+			kernelNotes = append(kernelNotes, "kernel ignored, unfinished: "+name)
+		}
+	}
+	defer func() { a.Details = append(a.Details, kernelNotes...) }()
 	if err != nil {
 		var ue *moat.UnavailableError
 		if errors.As(err, &ue) {

@@ -352,7 +352,7 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("session ttl %v and idle timeout %v must be at most the maximum ttl %v", d.SessionTTL, d.IdleTimeout, d.MaxSessionTTL))
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("server: config: %w: %w", errors.Join(errs...), moat.ErrInvalid)
+		return fmt.Errorf("server: config: %w", moat.Invalid(errors.Join(errs...)))
 	}
 	return nil
 }

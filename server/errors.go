@@ -111,7 +111,7 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	var body errorBody
 	body.Error.Code = code
-	body.Error.Message = err.Error()
+	body.Error.Message = message(err)
 	if ra, ok := retryAfter[status]; ok {
 		w.Header().Set("Retry-After", ra)
 	}

@@ -2,12 +2,14 @@ package server
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/moatsandbox/moat"
 )
@@ -53,6 +55,11 @@ type record struct {
 
 var sessionsBucket = []byte("sessions")
 
+// ErrStateLocked means another server holds the state directory: one
+// server at a time uses one. New returns it, wrapped, after waiting a
+// second for the lock.
+var ErrStateLocked = errors.New("server: the state dir is locked")
+
 // store keeps session records in a bbolt database. bbolt's file lock makes
 // sure that one server at a time uses a state directory.
 type store struct {
@@ -65,8 +72,11 @@ func openStore(dir string) (*store, error) {
 	}
 	path := filepath.Join(dir, "server.db")
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	if errors.Is(err, bolterrors.ErrTimeout) {
+		return nil, fmt.Errorf("server: %s: %w (another moat serve uses this state dir: stop it, or give this one a state dir of its own)", path, ErrStateLocked)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("server: open %s (is another moat serve using this state dir?): %w", path, err)
+		return nil, fmt.Errorf("server: open %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
 		if _, err := tx.CreateBucketIfNotExists(sessionsBucket); err != nil {

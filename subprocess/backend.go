@@ -208,8 +208,10 @@ func prepare(cfg Config) (*backend, error) {
 	}
 
 	if !b.root {
+		// The remedy says what the profile that runs without root lets
+		// through, not only that it exists.
 		return nil, unavailable(fmt.Sprintf("not root (uid %d): strict hardening needs root for per-run uids, cgroups and a size-limited working directory", os.Getuid()),
-			"run moat as root, or choose --hardening=tutorial explicitly to run with plain rlimits only", nil)
+			notRootRemedy, nil)
 	}
 	if abi, err := llsys.LandlockGetABIVersion(); err != nil || abi < 1 {
 		return nil, unavailable("the kernel has no Landlock", "use a kernel >= 5.13 with Landlock enabled (CONFIG_SECURITY_LANDLOCK, lsm=...,landlock)", err)

@@ -85,6 +85,14 @@ const (
 	HardeningTutorial Hardening = "tutorial"
 )
 
+// notRootRemedy is the remedy for strict hardening without root. It names
+// the one profile that runs without root and what that profile lets
+// through: of the tutorial's six attacks (attack.All[:6]) it blocks the
+// loop, the allocation and the big file only.
+const notRootRemedy = "run moat as root; --hardening=tutorial runs without it but blocks only 3 of the tutorial's 6 attacks " +
+	"(the loop, the allocation, the big file): a fork flood, a read of your credentials and a connection to this host's local services get through, " +
+	"so never give it code you do not trust"
+
 // ParseHardening returns the profile named s ("" means strict).
 func ParseHardening(s string) (Hardening, error) {
 	switch Hardening(s) {

@@ -61,6 +61,7 @@ func cmdAgent(ctx context.Context, args []string, stdio Stdio) int {
 		return exitFor(stdio, err)
 	}
 
+	warnHardening(stdio, fc, fc.Level)
 	sb, err := openLevel(ctx, fc, fc.Level)
 	if err != nil {
 		return exitFor(stdio, err)

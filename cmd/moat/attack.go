@@ -28,7 +28,7 @@ func cmdAttack(ctx context.Context, args []string, stdio Stdio) int {
 		for _, s := range strings.Split(*only, ",") {
 			n, err := attack.ParseName(strings.TrimSpace(s))
 			if err != nil {
-				return exitFor(stdio, fmt.Errorf("%w: %w", err, moat.ErrInvalid))
+				return exitFor(stdio, moat.Invalid(err))
 			}
 			names = append(names, n)
 		}

@@ -95,7 +95,7 @@ func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
 		// written loses nothing.
 		f, err := os.OpenFile(*htmlFile, os.O_WRONLY|os.O_CREATE, 0o644)
 		if err != nil {
-			return exitFor(stdio, fmt.Errorf("--html: %w: %w", err, moat.ErrInvalid))
+			return exitFor(stdio, fmt.Errorf("--html: %w", moat.Invalid(err)))
 		}
 		f.Close()
 	}

@@ -4,15 +4,26 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"os"
+	"runtime/debug"
 	"text/tabwriter"
 
 	"github.com/moatsandbox/moat"
 )
 
+// cmdDoctor checks each level and says which can run here, why not, and
+// what to do. It exits exitOK when at least one level is available and
+// exitInternal (125) when none is. As it goes it says on stderr what it
+// checks, a line per level as the level's check starts (the first
+// microvm check boots a VM to probe KVM, up to 20 s): when stderr is a
+// terminal, or always with --progress. Nothing but the report goes to
+// stdout.
 func cmdDoctor(ctx context.Context, args []string, stdio Stdio) int {
 	fs := newFlagSet("doctor")
 	sf := addSandboxFlags(fs)
-	asJSON := fs.Bool("json", false, "print {levels: [{level, available, reason, remedy, details, suspend_memory}]}")
+	asJSON := fs.Bool("json", false, "print {version, levels: [{level, available, reason, remedy, details, suspend_memory}]}")
+	progress := fs.Bool("progress", false, "say on stderr which level is being checked (default: when stderr is a terminal)")
 	if code, ok := parseFlags(fs, args, stdio); !ok {
 		return code
 	}
@@ -20,29 +31,41 @@ func cmdDoctor(ctx context.Context, args []string, stdio Stdio) int {
 	if err != nil {
 		return exitFor(stdio, err)
 	}
+	say := func(string) {}
+	if *progress || isTerminal(stdio.Err) {
+		say = func(s string) { fmt.Fprintf(stdio.Err, "moat doctor: %s...\n", s) }
+	}
 	var out []doctorLine
+	available := 0
 	for _, l := range moat.Levels {
 		e, err := findLevel(l)
 		if err != nil {
 			out = append(out, doctorLine{Availability: moat.Availability{Level: l, Reason: "not built into this version of moat", Remedy: "a later version adds it"}})
 			continue
 		}
+		say(e.checking)
 		d := doctorLine{Availability: e.check(ctx, fc)}
 		if d.Available {
+			available++
 			kept := suspendKeepsMemory[l]
 			d.SuspendMemory = &kept
 		}
 		out = append(out, d)
 	}
+	code := exitOK
+	if available == 0 {
+		code = exitInternal
+	}
 	if *asJSON {
 		enc := json.NewEncoder(stdio.Out)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(struct {
-			Levels []doctorLine `json:"levels"`
-		}{out}); err != nil {
+			Version string       `json:"version"`
+			Levels  []doctorLine `json:"levels"`
+		}{moatVersion(), out}); err != nil {
 			return exitFor(stdio, err)
 		}
-		return exitOK
+		return code
 	}
 	tw := tabwriter.NewWriter(stdio.Out, 0, 4, 2, ' ', 0)
 	for _, a := range out {
@@ -67,7 +90,54 @@ func cmdDoctor(ctx context.Context, args []string, stdio Stdio) int {
 		}
 	}
 	tw.Flush()
-	return exitOK
+	if available == 0 {
+		fmt.Fprintln(stdio.Err, "moat: no level is available here: each line above says why and what to do (exit status 125, see docs/exit-status.md)")
+	}
+	return code
+}
+
+// isTerminal reports whether w is a terminal (a character device: a
+// redirect to /dev/null counts too, which is harmless for progress).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// moatVersion says which moat this is: the module's version, the VCS
+// revision (12 characters, "+dirty" when the tree had changes) and the Go
+// version, from the build information. It stands in for
+// internal/version.String() until that package is merged.
+func moatVersion() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	v := bi.Main.Version
+	if v == "" {
+		v = "(devel)"
+	}
+	var rev, dirty string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+			if len(rev) > 12 {
+				rev = rev[:12]
+			}
+		case "vcs.modified":
+			if s.Value == "true" {
+				dirty = "+dirty"
+			}
+		}
+	}
+	if rev != "" {
+		v += " " + rev + dirty
+	}
+	return v + " " + bi.GoVersion
 }
 
 // doctorLine is what moat doctor says of one level: its Availability and,

@@ -95,7 +95,7 @@ func (f *sandboxFlags) resolve() (fileConfig, error) {
 	if f.configPath != "" {
 		data, err := os.ReadFile(f.configPath)
 		if err != nil {
-			return fc, fmt.Errorf("config: %w: %w", err, moat.ErrInvalid)
+			return fc, fmt.Errorf("config: %w", moat.Invalid(err))
 		}
 		if fc, err = decodeConfig(data); err != nil {
 			if msg, ok := strings.CutSuffix(err.Error(), ": "+moat.ErrInvalid.Error()); ok {
@@ -138,13 +138,45 @@ func (f *sandboxFlags) resolve() (fileConfig, error) {
 	return fc, nil
 }
 
-// open returns a sandbox at the chosen level.
-func (f *sandboxFlags) open(ctx context.Context) (moat.Sandbox, error) {
+// open returns a sandbox at the chosen level. When the settings weaken
+// it (see hardeningWarning) it says so on stderr first, every time.
+func (f *sandboxFlags) open(ctx context.Context, stdio Stdio) (moat.Sandbox, error) {
 	fc, err := f.resolve()
 	if err != nil {
 		return nil, err
 	}
+	warnHardening(stdio, fc, fc.Level)
 	return openLevel(ctx, fc, fc.Level)
+}
+
+// hardeningWarning is what a command that runs code at l with fc says on
+// stderr, in one line, when fc makes the level block less than it can:
+// which of the tutorial's six attacks (attack.All[:6]) the level then
+// lets through, as its claims say. It is "" when it blocks them all.
+func hardeningWarning(fc fileConfig, l moat.Level) string {
+	e, err := findLevel(l)
+	if err != nil {
+		return ""
+	}
+	var through []string
+	basic := attack.All[:6]
+	for _, a := range basic {
+		if !e.claims(fc, a) {
+			through = append(through, string(a))
+		}
+	}
+	if len(through) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("moat: warning: %s with hardening=%s blocks only %d of the tutorial's %d attacks: %s get through (moat attack shows them); never give it code you do not trust",
+		l, fc.Subprocess.Hardening, len(basic)-len(through), len(basic), strings.Join(through, ", "))
+}
+
+// warnHardening prints hardeningWarning's line, if any, on stderr.
+func warnHardening(stdio Stdio, fc fileConfig, l moat.Level) {
+	if w := hardeningWarning(fc, l); w != "" {
+		fmt.Fprintln(stdio.Err, w)
+	}
 }
 
 // levelEntry wires one isolation level into the CLI.
@@ -155,6 +187,9 @@ type levelEntry struct {
 	// claims says which attacks the level, configured by fc, claims to
 	// block.
 	claims func(fc fileConfig, a attack.Name) bool
+	// checking says what check looks at, for moat doctor's progress
+	// line as it starts: "checking microvm: ...".
+	checking string
 }
 
 func claimsAll(fileConfig, attack.Name) bool { return true }
@@ -163,7 +198,8 @@ func claimsAll(fileConfig, attack.Name) bool { return true }
 func levelTable() []levelEntry {
 	return []levelEntry{
 		{
-			level: moat.LevelSubprocess,
+			level:    moat.LevelSubprocess,
+			checking: "checking subprocess: root, Landlock, seccomp, cgroups",
 			open: func(ctx context.Context, fc fileConfig) (moat.Sandbox, error) {
 				cfg := fc.Subprocess
 				cfg.Limits = fc.Limits
@@ -195,7 +231,8 @@ func levelTable() []levelEntry {
 			},
 		},
 		{
-			level: moat.LevelContainer,
+			level:    moat.LevelContainer,
+			checking: "checking container: the Docker engine, its runtime and the image",
 			open: func(ctx context.Context, fc fileConfig) (moat.Sandbox, error) {
 				cfg, err := fc.containerConfig()
 				if err != nil {
@@ -213,7 +250,8 @@ func levelTable() []levelEntry {
 			claims: claimsAll,
 		},
 		{
-			level: moat.LevelGVisor,
+			level:    moat.LevelGVisor,
+			checking: "checking gvisor: runsc and the image",
 			open: func(ctx context.Context, fc fileConfig) (moat.Sandbox, error) {
 				cfg, err := fc.gvisorConfig()
 				if err != nil {
@@ -231,7 +269,8 @@ func levelTable() []levelEntry {
 			claims: claimsAll,
 		},
 		{
-			level: moat.LevelMicroVM,
+			level:    moat.LevelMicroVM,
+			checking: "checking microvm: QEMU, the guest kernel, the disk; probing KVM (first time, up to 20 s)",
 			open: func(ctx context.Context, fc fileConfig) (moat.Sandbox, error) {
 				cfg, err := fc.microvmConfig()
 				if err != nil {
@@ -338,23 +377,6 @@ func parseLevels(ctx context.Context, s string, fc fileConfig) ([]moat.Level, er
 		out = append(out, l)
 	}
 	return out, nil
-}
-
-// exitFor maps an error to the exit status and prints it as one line.
-func exitFor(stdio Stdio, err error) int {
-	msg := oneLine(err.Error())
-	if !strings.HasPrefix(msg, "moat: ") {
-		msg = "moat: " + msg
-	}
-	fmt.Fprintln(stdio.Err, msg)
-	if errors.Is(err, moat.ErrInvalid) {
-		return exitUsage
-	}
-	return exitInternal
-}
-
-func oneLine(s string) string {
-	return strings.Join(strings.Fields(s), " ")
 }
 
 // commandUsage is the synopsis line of each command, for -h.

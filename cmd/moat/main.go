@@ -37,14 +37,6 @@ type command struct {
 	run   func(ctx context.Context, args []string, stdio Stdio) int
 }
 
-// Exit statuses shared by every command.
-const (
-	exitOK       = 0
-	exitFailure  = 1   // the work failed (an attack got through, a bench row failed)
-	exitUsage    = 2   // bad input: flags, arguments, files
-	exitInternal = 125 // moat itself failed, or a level is unavailable
-)
-
 func commands() []command {
 	return []command{
 		{"run", "run code in a sandbox and print its output", cmdRun},
@@ -89,5 +81,7 @@ func usage(w io.Writer) {
 	for _, c := range commands() {
 		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.usage)
 	}
-	fmt.Fprintln(w, "\nRun 'moat COMMAND -h' for a command's flags.")
+	fmt.Fprintln(w, "\nRun 'moat COMMAND -h' for a command's flags. Exit statuses: 0 ok, 1 the work failed,")
+	fmt.Fprintln(w, "2 bad usage, 3 the machine not ready (address in use, state dir locked), 125 a level or")
+	fmt.Fprintln(w, "protection unavailable, 130 interrupted; moat run exits with the code's own: docs/exit-status.md.")
 }

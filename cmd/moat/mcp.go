@@ -60,6 +60,7 @@ func cmdMCP(ctx context.Context, args []string, stdio Stdio) int {
 		}
 		defer ln.Close()
 	}
+	warnHardening(stdio, fc, fc.Level)
 	sb, err := openLevel(ctx, fc, fc.Level)
 	if err != nil {
 		return exitFor(stdio, err)

@@ -25,7 +25,7 @@ func cmdRun(ctx context.Context, args []string, stdio Stdio) int {
 	if err != nil {
 		return exitFor(stdio, err)
 	}
-	sb, err := sf.open(ctx)
+	sb, err := sf.open(ctx, stdio)
 	if err != nil {
 		return exitFor(stdio, err)
 	}
@@ -73,7 +73,7 @@ func readCode(fs *flag.FlagSet, codeSet bool, code string, stdin io.Reader) ([]b
 	case len(rest) == 1:
 		b, err := os.ReadFile(rest[0])
 		if err != nil {
-			return nil, fmt.Errorf("%w: %w", err, moat.ErrInvalid)
+			return nil, moat.Invalid(err)
 		}
 		src = b
 	default:

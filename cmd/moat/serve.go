@@ -89,7 +89,7 @@ func cmdServe(ctx context.Context, args []string, stdio Stdio) int {
 	}
 	served, err := parseLevels(ctx, names, fc)
 	if err != nil {
-		return exitFor(stdio, fmt.Errorf("serve: %w: %w", err, moat.ErrInvalid))
+		return exitFor(stdio, fmt.Errorf("serve: %w", moat.Invalid(err)))
 	}
 	// A template must name what is served: found at startup, not by the
 	// first create.
@@ -115,7 +115,7 @@ func cmdServe(ctx context.Context, args []string, stdio Stdio) int {
 	// Listen first: a refused address needs no sandbox.
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
-		return exitFor(stdio, fmt.Errorf("serve: %w: %w", err, moat.ErrInvalid))
+		return exitFor(stdio, fmt.Errorf("serve: %w", listenError(err)))
 	}
 	defer ln.Close()
 	if tcp, ok := ln.Addr().(*net.TCPAddr); ok && !tcp.IP.IsLoopback() {
@@ -127,7 +127,7 @@ func cmdServe(ctx context.Context, args []string, stdio Stdio) int {
 			return exitFor(stdio, fmt.Errorf("serve: --e2b-addr (server.e2b_addr) needs a token with an e2b key in %s (a last field e2b_<40 hex>, or \"e2b_key\"): %w", sc.TokensFile, moat.ErrInvalid))
 		}
 		if e2bLn, err = net.Listen("tcp", sc.E2BAddr); err != nil {
-			return exitFor(stdio, fmt.Errorf("serve: e2b: %w: %w", err, moat.ErrInvalid))
+			return exitFor(stdio, fmt.Errorf("serve: e2b: %w", listenError(err)))
 		}
 		defer e2bLn.Close()
 		if tcp, ok := e2bLn.Addr().(*net.TCPAddr); ok && !tcp.IP.IsLoopback() {
@@ -152,6 +152,7 @@ func cmdServe(ctx context.Context, args []string, stdio Stdio) int {
 		}
 	}()
 	for _, l := range served {
+		warnHardening(stdio, fc, l)
 		sb, err := openLevel(ctx, fc, l)
 		if err != nil {
 			return exitFor(stdio, err)
@@ -313,7 +314,7 @@ func orDefault(d, def moat.Duration) moat.Duration {
 func readTokens(path string) ([]server.Token, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("serve: tokens: %w: %w", err, moat.ErrInvalid)
+		return nil, fmt.Errorf("serve: tokens: %w", moat.Invalid(err))
 	}
 	if st, err := os.Stat(path); err == nil && st.Mode().Perm()&0o004 != 0 {
 		return nil, fmt.Errorf("serve: tokens file %s is readable by every user (mode %v): chmod 600 it: %w", path, st.Mode().Perm(), moat.ErrInvalid)
@@ -323,7 +324,7 @@ func readTokens(path string) ([]server.Token, error) {
 		dec := json.NewDecoder(strings.NewReader(t))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&tokens); err != nil {
-			return nil, fmt.Errorf("serve: tokens file %s: %w: %w", path, err, moat.ErrInvalid)
+			return nil, fmt.Errorf("serve: tokens file %s: %w", path, moat.Invalid(err))
 		}
 		return tokens, nil
 	}

@@ -67,14 +67,26 @@ func (e *apiError) Error() string {
 	return fmt.Sprintf("session: server answered %d %s: %s", e.status, e.code, e.message)
 }
 
-// exit maps the server's answer onto moat's exit statuses: a request the
-// server refused is the caller's to fix (2), a server that could not serve
-// it is moat's (125).
+// exit maps the server's answer onto moat's exit statuses: a server too
+// busy for the request now is the environment's (3: the same request may
+// pass later), a request the server refused is the caller's to fix (2), a
+// server that could not serve it is moat's (125).
 func (e *apiError) exit() int {
-	if e.status >= 400 && e.status < 500 {
+	switch {
+	case busyCodes[e.code]:
+		return exitEnvironment
+	case e.status >= 400 && e.status < 500:
 		return exitUsage
 	}
 	return exitInternal
+}
+
+// busyCodes are the server's error codes (server/errors.go) for a request
+// refused only for now: too many runs or sessions, a session busy with
+// another run, a server shutting down.
+var busyCodes = map[string]bool{
+	"busy": true, "token_busy": true, "queue_timeout": true, "too_many_sessions": true,
+	"session_busy": true, "shutting_down": true,
 }
 
 // do sends one request and decodes a JSON answer into out (when not nil).
@@ -95,7 +107,7 @@ func (c *apiClient) do(ctx context.Context, method, path string, body any, out a
 	}
 	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
 	if err != nil {
-		return fmt.Errorf("session: %w: %w", err, moat.ErrInvalid)
+		return fmt.Errorf("session: %w", moat.Invalid(err))
 	}
 	req.Header.Set("Authorization", "Bearer "+c.token)
 	if ctype != "" {
@@ -103,7 +115,7 @@ func (c *apiClient) do(ctx context.Context, method, path string, body any, out a
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return fmt.Errorf("session: cannot reach moat serve at %s (is it running? --url or MOAT_URL): %w: %w", c.base, err, moat.ErrUnavailable)
+		return fmt.Errorf("session: cannot reach moat serve at %s (is it running? --url or MOAT_URL): %w", c.base, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode >= 300 {
@@ -174,7 +186,7 @@ func newAPIClient(base, tokenFile string) (*apiClient, error) {
 	if tokenFile != "" {
 		b, err := os.ReadFile(tokenFile)
 		if err != nil {
-			return nil, fmt.Errorf("session: --token-file: %w: %w", err, moat.ErrInvalid)
+			return nil, fmt.Errorf("session: --token-file: %w", moat.Invalid(err))
 		}
 		token = strings.TrimSpace(string(b))
 	}
@@ -301,7 +313,7 @@ func sessionCommand(ctx context.Context, c *apiClient, name string, args []strin
 		}
 		f, err := os.Open(args[1])
 		if err != nil {
-			return 0, fmt.Errorf("session put: %w: %w", err, moat.ErrInvalid)
+			return 0, fmt.Errorf("session put: %w", moat.Invalid(err))
 		}
 		defer f.Close()
 		dst := args[1][strings.LastIndexByte(args[1], '/')+1:]

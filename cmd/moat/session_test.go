@@ -35,7 +35,7 @@ func TestSessionBadInput(t *testing.T) {
 		{"unknown command", "tok", []string{"--url", dead, "explode"}, exitUsage, "unknown command"},
 		{"missing id", "tok", []string{"--url", dead, "show"}, exitUsage, "want a session ID"},
 		{"missing token file", "", []string{"--url", dead, "--token-file", "/nonexistent/t", "list"}, exitUsage, "--token-file"},
-		{"nothing serves", "tok", []string{"--url", dead, "list"}, exitInternal, "cannot reach moat serve"},
+		{"nothing serves", "tok", []string{"--url", dead, "list"}, exitEnvironment, "cannot reach moat serve"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Setenv("MOAT_TOKEN", c.token)
