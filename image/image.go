@@ -180,6 +180,33 @@ func (c Config) PackageList() []string {
 	return slices.Compact(pkgs)
 }
 
+// Extra returns the packages of c beyond [DefaultPackages], sorted, each
+// once: what `moat image build --packages` was given.
+func (c Config) Extra() []string {
+	var out []string
+	for _, p := range c.PackageList() {
+		if !slices.Contains(DefaultPackages, p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// BuildCommand returns the command that builds the image of c, for error
+// messages' remedies: "moat image build", with --packages when c adds
+// packages. Settings without a flag (suite, mirror) come from the config
+// file's image section (--config).
+func (c Config) BuildCommand() string {
+	cmd := "moat image build"
+	if extra := c.Extra(); len(extra) > 0 {
+		cmd += " --packages " + strings.Join(extra, ",")
+	}
+	if c.StateDir != "" && c.StateDir != DefaultStateDir() {
+		cmd += " --state-dir " + c.StateDir
+	}
+	return cmd
+}
+
 // validPackage reports whether s is a Debian package name, as Debian
 // Policy 5.6.1 defines it: at least two characters of lowercase letters,
 // digits, "+", "-" and ".", starting with a letter or digit. Nothing else
