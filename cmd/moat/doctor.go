@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/image"
 )
 
 func cmdDoctor(ctx context.Context, args []string, stdio Stdio) int {
@@ -39,7 +41,8 @@ func cmdDoctor(ctx context.Context, args []string, stdio Stdio) int {
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(struct {
 			Levels []doctorLine `json:"levels"`
-		}{out}); err != nil {
+			Image  doctorImage  `json:"image"`
+		}{out, newDoctorImage(fc.Image)}); err != nil {
 			return exitFor(stdio, err)
 		}
 		return exitOK
@@ -67,7 +70,32 @@ func cmdDoctor(ctx context.Context, args []string, stdio Stdio) int {
 		}
 	}
 	tw.Flush()
+	fmt.Fprintln(stdio.Out, newDoctorImage(fc.Image))
 	return exitOK
+}
+
+// doctorImage is what moat doctor says of the shared image the config
+// names (its "image" section): its key, its packages, whether it is built.
+type doctorImage struct {
+	Key      string   `json:"key"`
+	Packages []string `json:"packages"`
+	Built    bool     `json:"built"`
+	Path     string   `json:"path"`
+	build    string
+}
+
+func newDoctorImage(c image.Config) doctorImage {
+	st := image.GetStatus(c)
+	return doctorImage{Key: st.Key, Packages: c.PackageList(), Built: st.Exists, Path: st.Path, build: c.BuildCommand()}
+}
+
+func (d doctorImage) String() string {
+	state := "built"
+	if !d.Built {
+		state = "not built (" + d.build + ")"
+	}
+	return fmt.Sprintf("image: %s, %s: %s (container, gvisor and microvm run it; subprocess runs the host's python3 and packages)",
+		d.Key[:12], state, strings.Join(d.Packages, " "))
 }
 
 // doctorLine is what moat doctor says of one level: its Availability and,
