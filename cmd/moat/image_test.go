@@ -205,3 +205,44 @@ func TestDoctorShowsTheImage(t *testing.T) {
 		t.Errorf("moat doctor does not say %q:\n%s", line, stdout)
 	}
 }
+
+// pipProbe runs pip as code does: its version, its list, the user agent it
+// sends an index (which reads /etc/debian_version through its vendored
+// distro, whose reader lets only a missing file pass: a file there that
+// the run may not read was a PermissionError that crashed every pip
+// command that talks to an index), and an install with no network, which
+// must fail saying no distribution was found, not crash.
+const pipProbe = `
+import subprocess, sys, os
+def pip(*args):
+    r = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args], capture_output=True, text=True)
+    return r.returncode, r.stdout + r.stderr
+code, out = pip("--version"); print("version", code, out.split(" from ")[0])
+code, out = pip("list"); print("list", code, "pip" in out)
+from pip._internal.network.session import user_agent
+print("agent", '"distro"' in user_agent())
+code, out = pip("install", "--retries", "0", "--timeout", "2", "--target", os.getcwd() + "/t", "six")
+print("install", code, "No matching distribution found for six" in out, "Traceback" in out or "PermissionError" in out)
+`
+
+// TestPipAtEveryLevel checks that pip works at every level that has it:
+// the host's at subprocess (setup.sh installs python3-pip), the image's at
+// the others; and that without a network it fails cleanly.
+func TestPipAtEveryLevel(t *testing.T) {
+	requireRoot(t)
+	conf := writeConfig(t, `{"container": {"warm": -1}, "gvisor": {"warm": -1}, "microvm": {"warm": -1}}`)
+	for _, level := range []string{"subprocess", "container", "gvisor", "microvm"} {
+		stdout, stderr, code := runMoat(t, "", "run", "--config", conf, "--level", level, "--wall-time", "240s", "--cpu-time", "240s", "--memory", "512MiB", "-c", pipProbe)
+		got := strings.Fields(stdout)
+		want := []string{"version", "0", "pip", "", "list", "0", "True", "agent", "True", "install", "1", "True", "False"}
+		ok := code == exitOK && len(got) == len(want)
+		for i := range want {
+			if ok && want[i] != "" && got[i] != want[i] {
+				ok = false
+			}
+		}
+		if !ok {
+			t.Errorf("%s: exit %d, stdout %q, stderr %q; want %q", level, code, stdout, stderr, want)
+		}
+	}
+}
