@@ -102,8 +102,14 @@ type Config struct {
 	// Force rebuilds the root filesystem even when it is cached, and makes
 	// container.ImportImage re-import it even when the engine has it.
 	Force bool `json:"-"`
-	// Progress receives one line per step of the build. Nil means discard.
+	// Progress receives the build's progress (see [Progress]): a line per
+	// step with its elapsed time and sizes, and lines within steps. Nil
+	// means discard.
 	Progress io.Writer `json:"-"`
+	// Terminal says that Progress is a terminal: the lines within a step
+	// (debootstrap's, the bytes imported) then rewrite one status line
+	// instead of each being a line of its own.
+	Terminal bool `json:"-"`
 	// Logger receives debug logs. Nil means discard.
 	Logger *slog.Logger `json:"-"`
 }

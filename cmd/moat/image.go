@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/container"
 	"github.com/moatsandbox/moat/image"
@@ -140,9 +142,7 @@ func buildImage(ctx context.Context, cfg image.Config) (*buildResult, error) {
 	d, err := container.ImportImage(ctx, cfg)
 	if errors.Is(err, moat.ErrUnavailable) {
 		res.Docker = err.Error()
-		if cfg.Progress != nil {
-			fmt.Fprintf(cfg.Progress, "image: docker: %v; the root filesystem is built, the Docker image is not\n", err)
-		}
+		image.NewProgress(cfg.Progress, cfg.Terminal).Say("docker: %v; the root filesystem is built, the Docker image is not", err)
 		return res, nil
 	}
 	if err != nil {
@@ -173,6 +173,7 @@ func cmdImageBuild(ctx context.Context, args []string, stdio Stdio) int {
 	if asJSON {
 		cfg.Progress = stdio.Err
 	}
+	cfg.Terminal = isTerminal(cfg.Progress)
 	start := time.Now()
 	res, err := buildImage(ctx, cfg)
 	if err != nil {
@@ -223,6 +224,17 @@ func cmdImageStatus(ctx context.Context, args []string, stdio Stdio) int {
 		fmt.Fprintf(stdio.Out, "docker: %s is not imported (run '%s')\n", st.Tag, cfg.BuildCommand())
 	}
 	return exitOK
+}
+
+// isTerminal reports whether w is a terminal: the build's progress then
+// rewrites a status line instead of printing a line per event.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
 }
 
 func printJSON(stdio Stdio, v any) int {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -244,5 +245,40 @@ func TestPipAtEveryLevel(t *testing.T) {
 		if !ok {
 			t.Errorf("%s: exit %d, stdout %q, stderr %q; want %q", level, code, stdout, stderr, want)
 		}
+	}
+}
+
+// TestImageBuildProgressPlain checks that `moat image build` writing to
+// something that is not a terminal prints plain lines, each with the
+// elapsed time, and never rewrites one.
+func TestImageBuildProgressPlain(t *testing.T) {
+	t.Setenv("DOCKER_HOST", "unix://"+filepath.Join(t.TempDir(), "no-engine.sock"))
+	cfg := image.Config{StateDir: t.TempDir(), Packages: []string{"python3-numpy"}}
+	if err := os.MkdirAll(image.Path(cfg), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	rec := `{"key":"` + cfg.Key() + `","built_at":"` + time.Now().Add(-time.Hour).UTC().Format(time.RFC3339) + `","size_bytes":1234}`
+	if err := os.WriteFile(filepath.Join(cfg.Dir(), "image.json"), []byte(rec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stdout, stderr, code := runMoat(t, "", "image", "build", "--state-dir", cfg.StateDir, "--packages", "python3-numpy")
+	if code != exitOK {
+		t.Fatalf("moat image build: exit %d, stderr %q", code, stderr)
+	}
+	if strings.ContainsAny(stdout, "\r\x1b") {
+		t.Errorf("moat image build to a pipe rewrites lines: %q", stdout)
+	}
+	elapsed := regexp.MustCompile(`^image: \[ *\d+\.\ds\] `)
+	var steps int
+	for _, l := range strings.Split(strings.TrimSpace(stdout), "\n") {
+		if strings.HasPrefix(l, "image: ") {
+			steps++
+			if !elapsed.MatchString(l) {
+				t.Errorf("progress line %q has no elapsed time", l)
+			}
+		}
+	}
+	if steps == 0 || !strings.Contains(stdout, "rootfs "+cfg.Key()[:12]+": already built") {
+		t.Errorf("moat image build says nothing of the cached image:\n%s", stdout)
 	}
 }
