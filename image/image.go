@@ -1,8 +1,11 @@
 // Package image builds the sandbox root filesystem that every isolation level
 // above subprocess shares: a minimal Debian with python3, pip and the CA
-// certificates (see [DefaultPackages]), made from Debian's
-// packages with debootstrap (no container registry involved) and kept in
-// moat's state directory. Package image only builds and describes it; it
+// certificates (see [DefaultPackages]) and the Debian packages the operator
+// adds ([Config.Packages], `moat image build --packages python3-numpy`, the
+// config file's image.packages), made from Debian's packages with
+// debootstrap (no container registry involved) and kept in moat's state
+// directory. A build reports its steps on [Config.Progress] (see
+// [Progress]). Package image only builds and describes it; it
 // talks to no engine and links no Docker package (deps_test.go checks that,
 // for gvisor and microvm too).
 //
