@@ -238,11 +238,11 @@ func Check(ctx context.Context, cfg Config) moat.Availability {
 	}
 	a.Details = append(a.Details, (&backend{egress: cfg.Egress}).netDescribe())
 	a.Details = append(a.Details, fmt.Sprintf("uids: %d-%d, one per container, leased in %s", cfg.UIDFirst, cfg.UIDFirst+cfg.UIDCount-1, uidLockDir()))
-	st := image.GetStatus(image.Config{})
+	st := image.GetStatus(cfg.SharedImage)
 	if st.Exists {
 		a.Details = append(a.Details, fmt.Sprintf("rootfs: %s, built %s ago (%s), %.1f MiB", st.Path, st.Age, st.BuiltAt.Format(time.RFC3339), float64(st.Size)/(1<<20)))
 	} else {
-		a.Details = append(a.Details, "rootfs: not built (moat image build)")
+		a.Details = append(a.Details, "rootfs: not built ("+cfg.SharedImage.BuildCommand()+")")
 	}
 	if e.imagePresent {
 		a.Details = append(a.Details, fmt.Sprintf("image: %s, created %s ago, %.1f MiB", cfg.Image, time.Since(e.imageCreated).Round(time.Second), float64(e.imageSize)/(1<<20)))
@@ -297,7 +297,11 @@ func (e *daemon) refusal(cfg Config) error {
 		return unavailable(fmt.Sprintf("runtime %q is %s, older than the fixes for the November 2025 container escapes", e.runtime, e.runtimeVersionText()),
 			"run scripts/setup-docker.sh (as root) to build and register runc-moat, or set AllowVulnerableRuntime", nil)
 	case !e.imagePresent:
-		return unavailable(fmt.Sprintf("image %s is not in the Docker engine", cfg.Image), "run 'moat image build' (as root)", nil)
+		remedy := "run '" + cfg.SharedImage.BuildCommand() + "' (as root)"
+		if cfg.Image != cfg.SharedImage.Tag() {
+			remedy = "pull or build " + cfg.Image + ", or leave container.image empty to run the one 'moat image build' makes"
+		}
+		return unavailable(fmt.Sprintf("image %s is not in the Docker engine", cfg.Image), remedy, nil)
 	}
 	return nil
 }

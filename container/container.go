@@ -148,9 +148,15 @@ const FixedRuntime = "runc-moat"
 type Config struct {
 	// Limits bound each run. Zero fields mean the defaults.
 	Limits moat.Limits `json:"limits"`
-	// Image is the Docker image to run. Zero means the image that package
-	// image builds with its default Config (moat-sandbox:<key>).
+	// Image is the Docker image to run: any image with python3 at Python
+	// and an empty /work, run as uid 65534 or the container's own. Zero
+	// means the image that package image builds from SharedImage
+	// (moat-sandbox:<key>), which `moat image build` imports.
 	Image string `json:"image,omitempty"`
+	// SharedImage is the shared image (its packages, suite, mirror) whose
+	// tag Image defaults to. Zero means image.Config's defaults. The
+	// config file sets it in its top-level "image" section.
+	SharedImage image.Config `json:"-"`
 	// Runtime is the OCI runtime dockerd runs the container with. Zero means
 	// "runc-moat" when the engine knows it, else the engine's default.
 	Runtime string `json:"runtime,omitempty"`
@@ -208,7 +214,7 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	c.Limits = c.Limits.WithDefaults()
 	if c.Image == "" {
-		c.Image = image.Config{}.Tag()
+		c.Image = c.SharedImage.Tag()
 	}
 	if c.Python == "" {
 		c.Python = image.Python

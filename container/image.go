@@ -60,7 +60,9 @@ func ImportImage(ctx context.Context, cfg image.Config) (ImageState, error) {
 		return ImageState{Tag: cfg.Tag()}, err
 	}
 	defer cli.Close()
-	return importImage(ctx, cli, cfg, progress{w: cfg.Progress})
+	p := image.NewProgress(cfg.Progress, cfg.Terminal)
+	defer p.Clear()
+	return importImage(ctx, cli, cfg, p)
 }
 
 // InspectImage reports whether the Docker engine named by the environment
@@ -95,7 +97,7 @@ func engineClient(ctx context.Context) (*client.Client, error) {
 	return cli, nil
 }
 
-func importImage(ctx context.Context, cli client.APIClient, cfg image.Config, p progress) (ImageState, error) {
+func importImage(ctx context.Context, cli client.APIClient, cfg image.Config, p *image.Progress) (ImageState, error) {
 	key, tag := cfg.Key(), cfg.Tag()
 	st := ImageState{Tag: tag}
 	if !cfg.Force {
@@ -104,7 +106,7 @@ func importImage(ctx context.Context, cli client.APIClient, cfg image.Config, p 
 			return st, err
 		}
 		if ok {
-			p.say("docker image %s: already present (%s), nothing to do", tag, shortID(imageID(id)))
+			p.Say("docker image %s: already present (%s), nothing to do", tag, shortID(imageID(id)))
 			st.Present, st.ID = true, id
 			return st, nil
 		}
@@ -113,10 +115,18 @@ func importImage(ctx context.Context, cli client.APIClient, cfg image.Config, p 
 	if _, err := os.Lstat(root); err != nil {
 		return st, fmt.Errorf("container: %s: %w", root, image.ErrNotBuilt)
 	}
-	p.say("docker image %s: importing %s", tag, root)
+	total := image.GetStatus(cfg).Size
+	p.Say("step 3/3 docker import %s: importing %s (%s)", tag, root, humanSize(total))
 	start := time.Now()
 	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(writeTar(pw, root)) }()
+	go func() {
+		// The bar counts the tar stream against the files' sizes: the
+		// headers make it end a little past 100%, which it never shows.
+		cw := &image.CountingWriter{W: pw, P: p, Label: "docker import", Total: total}
+		err := writeTar(cw, root)
+		cw.Done()
+		pw.CloseWithError(err)
+	}()
 	defer pr.Close()
 	changes := []string{
 		"LABEL " + ImageLabel + "=" + key,
@@ -144,7 +154,7 @@ func importImage(ctx context.Context, cli client.APIClient, cfg image.Config, p 
 	if !ok {
 		return st, fmt.Errorf("container: docker import of %s finished but the image is not there", tag)
 	}
-	p.say("docker image %s: imported in %s (%s)", tag, time.Since(start).Round(100*time.Millisecond), shortID(imageID(id)))
+	p.Say("step 3/3 docker import %s: done in %s (%s)", tag, time.Since(start).Round(100*time.Millisecond), shortID(imageID(id)))
 	st.Present, st.ID, st.Imported = true, id, true
 	return st, nil
 }
@@ -271,12 +281,15 @@ func writeTar(w io.Writer, root string) error {
 // imageID strips the digest algorithm from an image ID.
 func imageID(id string) string { return strings.TrimPrefix(id, "sha256:") }
 
-// progress writes one line per step of an import; the zero value discards.
-// The lines read as part of `moat image build`'s, so they start "image:".
-type progress struct{ w io.Writer }
-
-func (p progress) say(format string, args ...any) {
-	if p.w != nil {
-		fmt.Fprintf(p.w, "image: "+format+"\n", args...)
+// humanSize is n in the largest binary unit that keeps it at 1 or more.
+func humanSize(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
 	}
+	return fmt.Sprintf("%d B", n)
 }

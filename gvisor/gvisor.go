@@ -164,10 +164,15 @@ type Config struct {
 	// removed after it. Zero means /run/moat/gvisor.
 	StateDir string `json:"state_dir,omitempty"`
 	// RootFS is the root filesystem the code sees, read-only. Zero means
-	// the one package image builds with its default Config (`moat image
-	// build`). It must hold /usr/bin/python3 and an empty /work; sessions
+	// the one package image builds from SharedImage (`moat image build`).
+	// It must hold /usr/bin/python3 and an empty /work; sessions
 	// also need /bin/sh and /bin/sleep.
 	RootFS string `json:"rootfs,omitempty"`
+	// SharedImage is the shared image (its packages, suite, mirror) whose
+	// root filesystem RootFS defaults to (image.Path). Zero means
+	// image.Config's defaults. The config file sets it in its top-level
+	// "image" section.
+	SharedImage image.Config `json:"-"`
 	// Warm is how many sandboxes are kept booted ahead of the runs that
 	// will use them, as engine.Config.Warm means: each is a fresh sandbox
 	// with this Config's limits (runsc, the sentry, and Python waiting for
@@ -398,10 +403,10 @@ func prepare(ctx context.Context, cfg Config) (*backend, error) {
 
 	b.rootfs = cfg.RootFS
 	if b.rootfs == "" {
-		b.rootfs = image.Path(image.Config{})
+		b.rootfs = image.Path(cfg.SharedImage)
 	}
 	if err := checkRootFS(b.rootfs); err != nil {
-		remedy := "run 'moat image build' (or scripts/setup-gvisor.sh) as root"
+		remedy := "run '" + cfg.SharedImage.BuildCommand() + "' (or scripts/setup-gvisor.sh) as root"
 		if cfg.RootFS != "" {
 			remedy = "set rootfs to a root filesystem made by 'moat image build'"
 		}

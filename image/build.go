@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -30,7 +31,8 @@ func BuildRootFS(ctx context.Context, cfg Config) (rec *Record, cached bool, err
 	if err := cfg.Validate(); err != nil {
 		return nil, false, err
 	}
-	p := progress{w: cfg.Progress}
+	p := NewProgress(cfg.Progress, cfg.Terminal)
+	defer p.Clear()
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -38,7 +40,7 @@ func BuildRootFS(ctx context.Context, cfg Config) (rec *Record, cached bool, err
 	dir := cfg.Dir()
 	if !cfg.Force {
 		if r, err := readRecord(dir); err == nil && exists(Path(cfg)) {
-			p.say("rootfs %s: already built %s ago (%s, %s), nothing to do",
+			p.Say("rootfs %s: already built %s ago (%s, %s), nothing to do",
 				r.Key[:12], time.Since(r.BuiltAt).Round(time.Second), humanSize(r.Size), Path(cfg))
 			return r, true, nil
 		}
@@ -62,14 +64,14 @@ func BuildRootFS(ctx context.Context, cfg Config) (rec *Record, cached bool, err
 	// Another process may have built it while we waited for the lock.
 	if !cfg.Force {
 		if r, err := readRecord(dir); err == nil && exists(Path(cfg)) {
-			p.say("rootfs %s: built meanwhile by another process, nothing to do", r.Key[:12])
+			p.Say("rootfs %s: built meanwhile by another process, nothing to do", r.Key[:12])
 			return r, true, nil
 		}
 	}
 
 	start := time.Now()
 	key := cfg.Key()
-	p.say("rootfs %s: building Debian %s (%s) with %s from %s", key[:12], cfg.Suite, Arch(),
+	p.Say("rootfs %s: building Debian %s (%s) with %s from %s", key[:12], cfg.Suite, Arch(),
 		strings.Join(cfg.Packages, " "), cfg.Mirror)
 	tmp := dir + ".tmp"
 	if err := removeBuild(tmp); err != nil {
@@ -93,11 +95,17 @@ func BuildRootFS(ctx context.Context, cfg Config) (rec *Record, cached bool, err
 		cfg.Suite, root, cfg.Mirror,
 	}
 	log.Debug("image: debootstrap", "args", args)
-	if err := runLogged(ctx, p, "debootstrap", deboot, args...); err != nil {
+	p.Say("step 1/3 debootstrap: fetching and installing %d packages and their dependencies", len(cfg.Packages))
+	stepStart := time.Now()
+	if err := runDebootstrap(ctx, p, root, deboot, args...); err != nil {
 		return nil, false, fmt.Errorf("image: debootstrap failed (see the lines above): %w", err)
 	}
+	if size, files, err := diskUsage(root); err == nil {
+		p.Say("step 1/3 debootstrap: done in %s: %s in %d files", time.Since(stepStart).Round(100*time.Millisecond), humanSize(size), files)
+	}
 
-	p.say("rootfs %s: applying recipe %s (strip docs and caches, drop host files)", key[:12], RecipeVersion)
+	p.Say("step 2/3 recipe %s: strip docs and caches, drop host files", RecipeVersion)
+	stepStart = time.Now()
 	if err := applyRecipe(root); err != nil {
 		return nil, false, err
 	}
@@ -108,6 +116,7 @@ func BuildRootFS(ctx context.Context, cfg Config) (rec *Record, cached bool, err
 	if err != nil {
 		return nil, false, fmt.Errorf("image: measuring %s: %w", root, err)
 	}
+	p.Say("step 2/3 recipe: done in %s: %s in %d files", time.Since(stepStart).Round(100*time.Millisecond), humanSize(size), files)
 	r := &Record{
 		Key: key, Recipe: RecipeVersion, Arch: Arch(), Suite: cfg.Suite,
 		Packages: cfg.Packages, Mirror: cfg.Mirror,
@@ -131,7 +140,7 @@ func BuildRootFS(ctx context.Context, cfg Config) (rec *Record, cached bool, err
 		return nil, false, fmt.Errorf("image: %w", err)
 	}
 	_ = os.RemoveAll(old)
-	p.say("rootfs %s: built in %s: %s in %d files, python %s, at %s", key[:12],
+	p.Say("rootfs %s: built in %s: %s in %d files, python %s, at %s", key[:12],
 		time.Since(start).Round(100*time.Millisecond), humanSize(size), files, r.PythonVersion, Path(cfg))
 	return r, false, nil
 }
@@ -271,6 +280,29 @@ func diskUsage(root string) (size int64, files int, err error) {
 	return size, files, err
 }
 
+// treeSize is diskUsage of a tree being built: what debootstrap mounted in
+// it (/proc, /sys, /dev) is left out, and what cannot be read, or is gone
+// by the time it is looked at, is skipped.
+func treeSize(root string) (size int64, files int) {
+	filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		if d.IsDir() {
+			switch strings.TrimPrefix(path, root) {
+			case "/proc", "/sys", "/dev":
+				return fs.SkipDir
+			}
+		}
+		files++
+		if info, err := d.Info(); err == nil && info.Mode().IsRegular() {
+			size += info.Size()
+		}
+		return nil
+	})
+	return size, files
+}
+
 // removeBuild removes an unfinished build at dir. debootstrap mounts the
 // host's /proc and /sys in the tree it builds (and, in an LXC container,
 // binds the host's /dev/shm and /dev/pts) and unmounts them when it exits;
@@ -317,10 +349,49 @@ func unescapeMountPoint(s string) string {
 	return b.String()
 }
 
-// runLogged runs a command, passing each line of its output to p with a
-// prefix. Cancelling ctx sends it SIGTERM, so that debootstrap unmounts
-// what it mounted in the tree, then SIGKILL after a few seconds.
-func runLogged(ctx context.Context, p progress, prefix, name string, args ...string) error {
+// runDebootstrap runs debootstrap, building into root, and shows each line
+// of its output within its step (see [Progress.Status]), and how much it has
+// written so far: every second on a terminal, every 15 seconds otherwise.
+// Cancelling ctx sends it SIGTERM, so that debootstrap unmounts what it
+// mounted in the tree, then SIGKILL after a few seconds.
+func runDebootstrap(ctx context.Context, p *Progress, root, name string, args ...string) error {
+	every := 15 * time.Second
+	if p.tty {
+		every = time.Second
+	}
+	var mu sync.Mutex
+	last := "starting"
+	stop := make(chan struct{})
+	ticked := make(chan struct{})
+	go func() {
+		defer close(ticked)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				size, files := treeSize(root)
+				mu.Lock()
+				l := last
+				mu.Unlock()
+				p.Status("debootstrap: %s in %d files so far; %s", humanSize(size), files, l)
+			}
+		}
+	}()
+	defer func() { close(stop); <-ticked }()
+	return runLogged(ctx, func(line string) {
+		mu.Lock()
+		last = line
+		mu.Unlock()
+		p.Status("debootstrap: %s", line)
+	}, name, args...)
+}
+
+// runLogged runs a command, passing each line of its output to show.
+// Cancelling ctx sends it SIGTERM, then SIGKILL after a few seconds.
+func runLogged(ctx context.Context, show func(line string), name string, args ...string) error {
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", "DEBIAN_FRONTEND=noninteractive"}
@@ -337,8 +408,8 @@ func runLogged(ctx context.Context, p progress, prefix, name string, args ...str
 		r := bufio.NewReader(pr)
 		for {
 			line, err := r.ReadString('\n')
-			if line = strings.TrimRight(line, "\r\n"); line != "" {
-				p.say("%s: %s", prefix, line)
+			if line = strings.TrimSpace(line); line != "" {
+				show(line)
 			}
 			if err != nil {
 				return
@@ -352,7 +423,7 @@ func runLogged(ctx context.Context, p progress, prefix, name string, args ...str
 }
 
 // lockFile takes an exclusive flock on path, waiting for ctx.
-func lockFile(ctx context.Context, path string, p progress) (unlock func(), err error) {
+func lockFile(ctx context.Context, path string, p *Progress) (unlock func(), err error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("image: %w", err)
@@ -368,7 +439,7 @@ func lockFile(ctx context.Context, path string, p progress) (unlock func(), err 
 			return nil, fmt.Errorf("image: locking %s: %w", path, err)
 		}
 		if !said {
-			p.say("waiting for another build of this image to finish (%s)", path)
+			p.Say("waiting for another build of this image to finish (%s)", path)
 			said = true
 		}
 		select {
@@ -383,15 +454,6 @@ func lockFile(ctx context.Context, path string, p progress) (unlock func(), err 
 func exists(path string) bool {
 	_, err := os.Lstat(path)
 	return err == nil
-}
-
-// progress writes one line per step; the zero value discards.
-type progress struct{ w io.Writer }
-
-func (p progress) say(format string, args ...any) {
-	if p.w != nil {
-		fmt.Fprintf(p.w, "image: "+format+"\n", args...)
-	}
 }
 
 func humanSize(n int64) string {

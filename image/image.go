@@ -1,8 +1,11 @@
 // Package image builds the sandbox root filesystem that every isolation level
 // above subprocess shares: a minimal Debian with python3, pip and the CA
-// certificates (see [DefaultPackages]), made from Debian's
-// packages with debootstrap (no container registry involved) and kept in
-// moat's state directory. Package image only builds and describes it; it
+// certificates (see [DefaultPackages]) and the Debian packages the operator
+// adds ([Config.Packages], `moat image build --packages python3-numpy`, the
+// config file's image.packages), made from Debian's packages with
+// debootstrap (no container registry involved) and kept in moat's state
+// directory. A build reports its steps on [Config.Progress] (see
+// [Progress]). Package image only builds and describes it; it
 // talks to no engine and links no Docker package (deps_test.go checks that,
 // for gvisor and microvm too).
 //
@@ -63,8 +66,8 @@ const Python = "/usr/bin/python3"
 // filesystem over it.
 const WorkDir = "/work"
 
-// DefaultPackages are the packages of the image when Config.Packages is
-// empty: python3; python3-pip, so that `python3 -m pip install
+// DefaultPackages are the packages of every image, to which
+// Config.Packages adds: python3; python3-pip, so that `python3 -m pip install
 // --index-url ... --target DIR pkg` works through moat's egress proxy where
 // the operator allowed the index (pip also brings setuptools and wheel);
 // and ca-certificates, the image's trust store (/etc/ssl/certs), which the
@@ -81,10 +84,15 @@ type Config struct {
 	StateDir string `json:"state_dir,omitempty"`
 	// Suite is the Debian suite. Zero means "bookworm".
 	Suite string `json:"suite,omitempty"`
-	// Packages are installed on top of debootstrap's minbase variant,
-	// without their Recommends. Zero means [DefaultPackages] (python3,
-	// python3-pip, ca-certificates); a list given replaces them, so it
-	// must name python3 itself.
+	// Packages are installed, with [DefaultPackages] (python3,
+	// python3-pip, ca-certificates), on top of debootstrap's minbase
+	// variant, without their Recommends: Debian package names such as
+	// python3-numpy (lowercase letters, digits, "+", "-" and ".", starting
+	// with a letter or digit, at least two characters). Zero means
+	// [DefaultPackages] alone. The default packages are always in the
+	// image, since every level needs them; naming one of them changes
+	// nothing. Order and repetition do not matter: the key hashes the
+	// sorted list ([Config.PackageList]).
 	Packages []string `json:"packages,omitempty"`
 	// Mirror is the Debian mirror to install from. Zero means the first
 	// mirror that this machine's apt sources list for Suite, or
@@ -97,8 +105,14 @@ type Config struct {
 	// Force rebuilds the root filesystem even when it is cached, and makes
 	// container.ImportImage re-import it even when the engine has it.
 	Force bool `json:"-"`
-	// Progress receives one line per step of the build. Nil means discard.
+	// Progress receives the build's progress (see [Progress]): a line per
+	// step with its elapsed time and sizes, and lines within steps. Nil
+	// means discard.
 	Progress io.Writer `json:"-"`
+	// Terminal says that Progress is a terminal: the lines within a step
+	// (debootstrap's, the bytes imported) then rewrite one status line
+	// instead of each being a line of its own.
+	Terminal bool `json:"-"`
 	// Logger receives debug logs. Nil means discard.
 	Logger *slog.Logger `json:"-"`
 }
@@ -126,9 +140,7 @@ func (c Config) WithDefaults() Config {
 	if c.Suite == "" {
 		c.Suite = "bookworm"
 	}
-	if len(c.Packages) == 0 {
-		c.Packages = slices.Clone(DefaultPackages)
-	}
+	c.Packages = c.PackageList()
 	if c.Mirror == "" {
 		c.Mirror = SystemMirror(c.Suite)
 	}
@@ -155,8 +167,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("image: suite %q is not a Debian suite name", c.Suite)
 	}
 	for _, p := range c.Packages {
-		if !validName(p) {
-			return fmt.Errorf("image: package %q is not a Debian package name", p)
+		if !validPackage(p) {
+			return fmt.Errorf("image: package %q is not a Debian package name (lowercase letters, digits, +, - and ., starting with a letter or digit, at least two characters)", p)
 		}
 	}
 	if !strings.HasPrefix(c.Mirror, "http://") && !strings.HasPrefix(c.Mirror, "https://") && !strings.HasPrefix(c.Mirror, "file:/") {
@@ -166,6 +178,59 @@ func (c Config) validate() error {
 		return fmt.Errorf("image: repository %q is not a lowercase Docker repository name", c.Repository)
 	}
 	return nil
+}
+
+// PackageList is what the image holds: [DefaultPackages] and
+// c.Packages, sorted, each once. It is what the key hashes and what the
+// record lists.
+func (c Config) PackageList() []string {
+	pkgs := append(slices.Clone(DefaultPackages), c.Packages...)
+	slices.Sort(pkgs)
+	return slices.Compact(pkgs)
+}
+
+// Extra returns the packages of c beyond [DefaultPackages], sorted, each
+// once: what `moat image build --packages` was given.
+func (c Config) Extra() []string {
+	var out []string
+	for _, p := range c.PackageList() {
+		if !slices.Contains(DefaultPackages, p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// BuildCommand returns the command that builds the image of c, for error
+// messages' remedies: "moat image build", with --packages when c adds
+// packages. Settings without a flag (suite, mirror) come from the config
+// file's image section (--config).
+func (c Config) BuildCommand() string {
+	cmd := "moat image build"
+	if extra := c.Extra(); len(extra) > 0 {
+		cmd += " --packages " + strings.Join(extra, ",")
+	}
+	if c.StateDir != "" && c.StateDir != DefaultStateDir() {
+		cmd += " --state-dir " + c.StateDir
+	}
+	return cmd
+}
+
+// validPackage reports whether s is a Debian package name, as Debian
+// Policy 5.6.1 defines it: at least two characters of lowercase letters,
+// digits, "+", "-" and ".", starting with a letter or digit. Nothing else
+// reaches debootstrap's --include (a comma would name a second package,
+// a leading "-" an option).
+func validPackage(s string) bool {
+	if len(s) < 2 || !(s[0] >= 'a' && s[0] <= 'z' || s[0] >= '0' && s[0] <= '9') {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || strings.ContainsRune("+-.", r)) {
+			return false
+		}
+	}
+	return true
 }
 
 func validName(s string) bool {
@@ -192,13 +257,13 @@ func Arch() string {
 }
 
 // Key returns the hex sha256 that names the root filesystem c builds: a
-// hash of the recipe version, the architecture, the suite, the sorted
-// package list and the mirror.
+// hash of the recipe version, the architecture, the suite, the package
+// list ([Config.PackageList]: sorted, the defaults included) and the
+// mirror. The same packages in another order, or repeated, give the same
+// key; one package more gives another.
 func (c Config) Key() string {
 	c = c.WithDefaults()
-	pkgs := slices.Clone(c.Packages)
-	slices.Sort(pkgs)
-	pkgs = slices.Compact(pkgs)
+	pkgs := c.PackageList()
 	h := sha256.New()
 	fmt.Fprintf(h, "moat-image\nrecipe=%s\narch=%s\nvariant=minbase\nsuite=%s\npackages=%s\nmirror=%s\n",
 		RecipeVersion, Arch(), c.Suite, strings.Join(pkgs, ","), strings.TrimRight(c.Mirror, "/"))

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -234,9 +235,10 @@ func TestUnescapeMountPoint(t *testing.T) {
 	}
 }
 
-// TestDefaultPackagesHavePip checks that the image a zero Config builds has
-// pip and the trust store, and that they are in the key: an image built
-// before they were added is not taken for one that has them.
+// TestDefaultPackagesHavePip checks that every image has pip and the
+// trust store, that a package named adds to them, and that the key of the
+// default image is the one it has always had (an image built before
+// packages could be added is not rebuilt for nothing).
 func TestDefaultPackagesHavePip(t *testing.T) {
 	c := Config{StateDir: "/s", Mirror: "http://m/debian"}.WithDefaults()
 	for _, want := range []string{"python3", "python3-pip", "ca-certificates"} {
@@ -244,12 +246,41 @@ func TestDefaultPackagesHavePip(t *testing.T) {
 			t.Errorf("default packages %v lack %s", c.Packages, want)
 		}
 	}
-	old := Config{StateDir: "/s", Mirror: "http://m/debian", Packages: []string{"python3"}}
-	if c.Key() == old.Key() {
-		t.Errorf("the default key is that of python3 alone: setup would not rebuild an image without pip")
+	numpy := Config{StateDir: "/s", Mirror: "http://m/debian", Packages: []string{"python3-numpy"}}
+	if got, want := numpy.PackageList(), []string{"ca-certificates", "python3", "python3-numpy", "python3-pip"}; !slices.Equal(got, want) {
+		t.Errorf("PackageList with python3-numpy = %v, want %v", got, want)
+	}
+	if numpy.Key() == c.Key() {
+		t.Errorf("adding python3-numpy does not change the key")
+	}
+	if named := (Config{StateDir: "/s", Mirror: "http://m/debian", Packages: []string{"python3-pip", "python3"}}); named.Key() != c.Key() {
+		t.Errorf("naming default packages changes the key")
+	}
+	if runtime.GOARCH == "amd64" {
+		// The key setup.sh's image has had since pip was added.
+		const want = "2ceb3b5d2302144ba033817e02409071b719e439610b159faef43220ab80f772"
+		if got := (Config{StateDir: "/s", Mirror: "http://deb.debian.org/debian"}).Key(); got != want {
+			t.Errorf("the default key is %s, was %s: every built image would be rebuilt", got, want)
+		}
 	}
 	c.Packages[0] = "changed"
 	if DefaultPackages[0] != "python3" {
 		t.Errorf("WithDefaults shares DefaultPackages with its result: a caller's change reached it")
+	}
+}
+
+// TestValidatePackageNames checks the package names Validate takes: Debian
+// Policy's, and nothing that debootstrap's --include would read as more
+// than one package or as an option.
+func TestValidatePackageNames(t *testing.T) {
+	for _, good := range []string{"python3-numpy", "libstdc++6", "g++", "python3.11", "0ad", "r-base"} {
+		if err := (Config{StateDir: "/s", Packages: []string{good}}).Validate(); err != nil {
+			t.Errorf("Validate(%q) = %v, want nil", good, err)
+		}
+	}
+	for _, bad := range []string{"", "a", "Python3", "python3,curl", "-python3", "+x", "python3 curl", "python3_numpy", "numpy:amd64", "../x", "pkg=1.0", "ä"} {
+		if err := (Config{StateDir: "/s", Packages: []string{bad}}).Validate(); !errors.Is(err, moat.ErrInvalid) {
+			t.Errorf("Validate(%q) = %v, want ErrInvalid", bad, err)
+		}
 	}
 }

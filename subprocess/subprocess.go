@@ -21,7 +21,10 @@
 //   - a dedicated unprivileged uid and gid from a configurable range, so that
 //     RLIMIT_NPROC holds and the invoking user's files are not readable;
 //   - a private working directory on a size-limited tmpfs (noexec, nosuid,
-//     nodev), its HOME, removed after the run;
+//     nodev), its HOME, removed after the run: a shared object or binary the
+//     run writes there cannot be mapped executable or run (a run whose
+//     stderr shows the loader's "failed to map segment from shared object"
+//     gets a note saying why; native code comes from the host's packages);
 //   - rlimits for CPU time, file size, open files, processes and core dumps;
 //   - no_new_privs, Landlock (read-only system directories, read-write only
 //     the working directory, no TCP bind or connect, abstract unix sockets and

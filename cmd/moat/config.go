@@ -20,6 +20,7 @@ import (
 	"github.com/moatsandbox/moat/container"
 	"github.com/moatsandbox/moat/e2b"
 	"github.com/moatsandbox/moat/gvisor"
+	"github.com/moatsandbox/moat/image"
 	"github.com/moatsandbox/moat/internal/egress"
 	"github.com/moatsandbox/moat/microvm"
 	"github.com/moatsandbox/moat/server"
@@ -34,8 +35,13 @@ import (
 // overrides the file. docs/config.md lists every setting; a test keeps it
 // in step with this type and the flags.
 type fileConfig struct {
-	Level      moat.Level        `json:"level,omitempty"`
-	Limits     moat.Limits       `json:"limits"`
+	Level  moat.Level  `json:"level,omitempty"`
+	Limits moat.Limits `json:"limits"`
+	// Image is the shared image the container, gvisor and microvm levels
+	// run (its packages, suite, mirror), which `moat image build` makes
+	// from the same section. The subprocess level runs the host's python3
+	// and its packages instead.
+	Image      image.Config      `json:"image"`
 	Subprocess subprocess.Config `json:"subprocess"`
 	Container  container.Config  `json:"container"`
 	GVisor     gvisor.Config     `json:"gvisor"`
@@ -116,6 +122,7 @@ var notRead = map[string]string{
 	"container.limits":     `limits are set once, at the top level ("limits")`,
 	"gvisor.limits":        `limits are set once, at the top level ("limits")`,
 	"microvm.limits":       `limits are set once, at the top level ("limits")`,
+	"microvm.image":        `the shared image is set once, at the top level ("image")`,
 	"server.tokens":        `tokens stay out of the config file: use "server.tokens_file"`,
 	"server.default_level": `the default level is the top-level "level"`,
 }

@@ -28,12 +28,13 @@ func TestConfigBadFiles(t *testing.T) {
 		{`{"subprocess":{"pyhton":"/bin/python3"}}`, `config: unknown key "subprocess.pyhton"`},
 		{`{"container":{"warm":1,"cold":true}}`, `config: unknown key "container.cold"`},
 		{`{"gvisor":{"platfrom":"kvm"}}`, `config: unknown key "gvisor.platfrom"`},
-		{`{"microvm":{"image":{"suit":"trixie"}}}`, `config: unknown key "microvm.image.suit"`},
+		{`{"image":{"suit":"trixie"}}`, `config: unknown key "image.suit"`},
 		{`{"server":{"max_code":"1MiB"}}`, `config: unknown key "server.max_code"`},
 		{`{"server":{"Logger":null}}`, `config: unknown key "server.Logger"`},
 		// keys the section types have that the file does not read
 		{`{"subprocess":{"limits":{"memory":"1GiB"}}}`, `config: key "subprocess.limits" is not read: limits are set once, at the top level ("limits")`},
 		{`{"microvm":{"limits":{}}}`, `config: key "microvm.limits" is not read: limits are set once, at the top level ("limits")`},
+		{`{"microvm":{"image":{"packages":["python3-numpy"]}}}`, `config: key "microvm.image" is not read: the shared image is set once, at the top level ("image")`},
 		{`{"server":{"tokens":[{"name":"a","token":"b"}]}}`, `config: key "server.tokens" is not read: tokens stay out of the config file: use "server.tokens_file"`},
 		{`{"server":{"default_level":"gvisor"}}`, `config: key "server.default_level" is not read: the default level is the top-level "level"`},
 		// a key twice
@@ -57,8 +58,8 @@ func TestConfigBadFiles(t *testing.T) {
 		{`{"subprocess":{"python":["/bin/python3"]}}`, `config: subprocess.python: ["/bin/python3"] is not a string`},
 		{`{"container":{"cpus":"two"}}`, `config: container.cpus: "two" is not a number`},
 		{`{"container":{"allow_vulnerable_runtime":"yes"}}`, `config: container.allow_vulnerable_runtime: "yes" is not true or false`},
-		{`{"microvm":{"image":{"packages":"python3"}}}`, `config: microvm.image.packages: "python3" is not a list`},
-		{`{"microvm":{"image":{"packages":["python3",7]}}}`, `config: microvm.image.packages[1]: 7 is not a string`},
+		{`{"image":{"packages":"python3"}}`, `config: image.packages: "python3" is not a list`},
+		{`{"image":{"packages":["python3",7]}}`, `config: image.packages[1]: 7 is not a string`},
 		{`{"server":{"log_json":1}}`, `config: server.log_json: 1 is not true or false`},
 		// sizes
 		{`{"limits":{"memory":"12XB"}}`, `config: limits.memory: "12XB" is not a size (use 256MiB, 1GiB)`},
@@ -107,8 +108,9 @@ const goodConfig = `{
   "container": {"image": "img:1", "runtime": "runc", "allow_vulnerable_runtime": true, "python": "/p",
                 "uid_first": 5000, "uid_count": 6, "cpus": 0.5, "warm": -1, "warm_max": 2, "session_cpu_time": "2m"},
   "gvisor": {"runsc": "/r", "platform": "ptrace", "state_dir": "/s", "rootfs": "/fs", "warm": 3, "warm_max": 4, "session_cpu_time": "2m"},
-  "microvm": {"state_dir": "/m", "image": {"state_dir": "/i", "suite": "trixie", "packages": ["python3", "python3-numpy"],
-              "mirror": "http://127.0.0.1/debian", "repository": "repo"},
+  "image": {"state_dir": "/i", "suite": "trixie", "packages": ["python3-numpy", "python3-pandas"],
+            "mirror": "http://127.0.0.1/debian", "repository": "repo"},
+  "microvm": {"state_dir": "/m",
               "qemu": "/q", "kernel_dir": "/k", "agent": "/a", "vcpus": 2, "accel": "tcg", "require_kvm": true,
               "cold": true, "warm": 2, "warm_max": 3, "max_vms": 4, "session_cpu_time": "2m", "boot_timeout": "1m30s", "uid_first": 7000, "uid_count": 8},
   "server": {"addr": "127.0.0.1:9999", "tokens_file": "/t", "levels": "subprocess,gvisor", "state_dir": "/st",
@@ -371,6 +373,28 @@ func TestConfigDocMatchesFlagsAndKeys(t *testing.T) {
 			parts := strings.Split(key, ".")
 			if want := strings.ReplaceAll(parts[len(parts)-1], "_", "-"); flagName != want {
 				t.Errorf("--%s sets %s: its name must be --%s", flagName, key, want)
+			}
+		}
+	}
+	// moat image reads the config file's image section alone; its flags
+	// that set a key are named for it.
+	imageKeys := map[string]string{"packages": "image.packages", "state-dir": "image.state_dir"}
+	for _, sub := range []string{"build", "status"} {
+		stdout, _, code := runMoat(t, "", "image", sub, "-h")
+		if code != 0 {
+			t.Fatalf("image %s -h: exit %d", sub, code)
+		}
+		for _, line := range strings.Split(stdout, "\n") {
+			if !strings.HasPrefix(line, "  -") {
+				continue
+			}
+			name := strings.Fields(line)[0][1:]
+			allFlags[name] = true
+			if !documented[name] {
+				t.Errorf("image %s --%s has no row in docs/config.md", sub, name)
+			}
+			if key, ok := imageKeys[name]; ok && !slices.Contains(keysOfFlag[name], key) {
+				t.Errorf("image %s --%s sets %s, but docs/config.md pairs it with %q", sub, name, key, keysOfFlag[name])
 			}
 		}
 	}

@@ -4,12 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"os"
-	"runtime/debug"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/image"
+	"github.com/moatsandbox/moat/internal/version"
 )
 
 // cmdDoctor checks each level and says which can run here, why not, and
@@ -62,7 +62,8 @@ func cmdDoctor(ctx context.Context, args []string, stdio Stdio) int {
 		if err := enc.Encode(struct {
 			Version string       `json:"version"`
 			Levels  []doctorLine `json:"levels"`
-		}{moatVersion(), out}); err != nil {
+			Image   doctorImage  `json:"image"`
+		}{version.String(), out, newDoctorImage(fc.Image)}); err != nil {
 			return exitFor(stdio, err)
 		}
 		return code
@@ -90,54 +91,36 @@ func cmdDoctor(ctx context.Context, args []string, stdio Stdio) int {
 		}
 	}
 	tw.Flush()
+	fmt.Fprintln(stdio.Out, newDoctorImage(fc.Image))
 	if available == 0 {
 		fmt.Fprintln(stdio.Err, "moat: no level is available here: each line above says why and what to do (exit status 125, see docs/exit-status.md)")
 	}
 	return code
 }
 
-// isTerminal reports whether w is a terminal (a character device: a
-// redirect to /dev/null counts too, which is harmless for progress).
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+
+// doctorImage is what moat doctor says of the shared image the config
+// names (its "image" section): its key, its packages, whether it is built.
+type doctorImage struct {
+	Key      string   `json:"key"`
+	Packages []string `json:"packages"`
+	Built    bool     `json:"built"`
+	Path     string   `json:"path"`
+	build    string
 }
 
-// moatVersion says which moat this is: the module's version, the VCS
-// revision (12 characters, "+dirty" when the tree had changes) and the Go
-// version, from the build information. It stands in for
-// internal/version.String() until that package is merged.
-func moatVersion() string {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "unknown"
+func newDoctorImage(c image.Config) doctorImage {
+	st := image.GetStatus(c)
+	return doctorImage{Key: st.Key, Packages: c.PackageList(), Built: st.Exists, Path: st.Path, build: c.BuildCommand()}
+}
+
+func (d doctorImage) String() string {
+	state := "built"
+	if !d.Built {
+		state = "not built (" + d.build + ")"
 	}
-	v := bi.Main.Version
-	if v == "" {
-		v = "(devel)"
-	}
-	var rev, dirty string
-	for _, s := range bi.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			rev = s.Value
-			if len(rev) > 12 {
-				rev = rev[:12]
-			}
-		case "vcs.modified":
-			if s.Value == "true" {
-				dirty = "+dirty"
-			}
-		}
-	}
-	if rev != "" {
-		v += " " + rev + dirty
-	}
-	return v + " " + bi.GoVersion
+	return fmt.Sprintf("image: %s, %s: %s (container, gvisor and microvm run it; subprocess runs the host's python3 and packages)",
+		d.Key[:12], state, strings.Join(d.Packages, " "))
 }
 
 // doctorLine is what moat doctor says of one level: its Availability and,

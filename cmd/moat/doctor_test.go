@@ -128,7 +128,8 @@ func TestDoctorProgressOnStderr(t *testing.T) {
 	}
 }
 
-// isTerminal is true of a character device, false of a pipe or a buffer.
+// isTerminal is true of a terminal, false of a pipe, a buffer or another
+// character device.
 func TestIsTerminal(t *testing.T) {
 	r, w, err := os.Pipe()
 	if err != nil {
@@ -139,13 +140,21 @@ func TestIsTerminal(t *testing.T) {
 	if isTerminal(w) || isTerminal(&strings.Builder{}) {
 		t.Error("a pipe or a buffer is a terminal")
 	}
-	tty, err := os.OpenFile("/dev/null", os.O_WRONLY, 0)
+	null, err := os.OpenFile("/dev/null", os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer null.Close()
+	if isTerminal(null) {
+		t.Error("/dev/null is a terminal")
+	}
+	tty, err := os.OpenFile("/dev/ptmx", os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tty.Close()
 	if !isTerminal(tty) {
-		t.Error("a character device is not a terminal")
+		t.Error("a pseudo-terminal is not a terminal")
 	}
 }
 

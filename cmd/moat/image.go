@@ -7,20 +7,28 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/container"
 	"github.com/moatsandbox/moat/image"
 )
 
-const imageUsage = `usage: moat image build [--state-dir DIR] [--force] [--json]
-       moat image status [--state-dir DIR] [--json]
+const imageUsage = `usage: moat image build [--config FILE] [--packages P1,P2] [--state-dir DIR] [--force] [--json]
+       moat image status [--config FILE] [--packages P1,P2] [--state-dir DIR] [--json]
 
 build makes the sandbox root filesystem (Debian with python3 and pip, from Debian's
 packages with debootstrap; needs root) into moat's state directory and
 imports it into Docker; a second build with the same inputs does nothing.
-status says whether it is built, when, how big, and whether Docker has it.`
+--packages adds Debian packages (python3-numpy,python3-pandas) to it: they are
+part of the image's key, so each list is an image of its own, and the
+container, gvisor and microvm levels run the one whose packages the config
+file's "image" section names (the same list). status says whether it is
+built, when, how big, and whether Docker has it.`
 
 // cmdImage implements `moat image build` and `moat image status`.
 func cmdImage(ctx context.Context, args []string, stdio Stdio) int {
@@ -46,7 +54,10 @@ func cmdImage(ctx context.Context, args []string, stdio Stdio) int {
 func imageFlags(name string, args []string, stdio Stdio, force *bool) (cfg image.Config, asJSON bool, code int, ok bool) {
 	fs := flag.NewFlagSet("image "+name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
+	configPath := fs.String("config", "", "operator config file, JSON: its \"image\" section (see docs/config.md); flags given override it")
 	stateDir := fs.String("state-dir", "", "moat's state directory (default "+image.DefaultStateDir()+")")
+	var pkgs packageList
+	fs.Var(&pkgs, "packages", "Debian packages to add to the image, comma-separated, e.g. python3-numpy,python3-pandas (default: none beyond python3, python3-pip, ca-certificates)")
 	js := fs.Bool("json", false, "print one JSON object")
 	if force != nil {
 		fs.BoolVar(force, "force", false, "rebuild and re-import even when cached")
@@ -65,12 +76,45 @@ func imageFlags(name string, args []string, stdio Stdio, force *bool) (cfg image
 		fmt.Fprintf(stdio.Err, "moat: image %s: unexpected argument %q\n", name, fs.Arg(0))
 		return cfg, false, exitUsage, false
 	}
-	cfg = image.Config{StateDir: *stateDir}
+	if *configPath != "" {
+		data, err := os.ReadFile(*configPath)
+		if err != nil {
+			fmt.Fprintf(stdio.Err, "moat: config: %v\n", err)
+			return cfg, false, exitUsage, false
+		}
+		fc, err := decodeConfig(data)
+		if err != nil {
+			fmt.Fprintf(stdio.Err, "moat: %s (in %s)\n", strings.TrimSuffix(err.Error(), ": "+moat.ErrInvalid.Error()), *configPath)
+			return cfg, false, exitUsage, false
+		}
+		cfg = fc.Image
+	}
+	set := setFlags(fs)
+	if set["state-dir"] {
+		cfg.StateDir = *stateDir
+	}
+	if set["packages"] {
+		cfg.Packages = pkgs
+	}
 	if err := cfg.Validate(); err != nil {
 		fmt.Fprintf(stdio.Err, "moat: %s\n", oneLine(err.Error()))
 		return cfg, false, exitUsage, false
 	}
 	return cfg, *js, 0, true
+}
+
+// packageList is the --packages flag: Debian package names, separated by
+// commas (and spaces).
+type packageList []string
+
+func (p *packageList) String() string { return strings.Join(*p, ",") }
+
+func (p *packageList) Set(s string) error {
+	*p = nil
+	for _, f := range strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ' ' }) {
+		*p = append(*p, f)
+	}
+	return nil
 }
 
 // buildResult is what `moat image build` did; --json prints it.
@@ -98,9 +142,7 @@ func buildImage(ctx context.Context, cfg image.Config) (*buildResult, error) {
 	d, err := container.ImportImage(ctx, cfg)
 	if errors.Is(err, moat.ErrUnavailable) {
 		res.Docker = err.Error()
-		if cfg.Progress != nil {
-			fmt.Fprintf(cfg.Progress, "image: docker: %v; the root filesystem is built, the Docker image is not\n", err)
-		}
+		image.NewProgress(cfg.Progress, cfg.Terminal).Say("docker: %v; the root filesystem is built, the Docker image is not", err)
 		return res, nil
 	}
 	if err != nil {
@@ -131,6 +173,7 @@ func cmdImageBuild(ctx context.Context, args []string, stdio Stdio) int {
 	if asJSON {
 		cfg.Progress = stdio.Err
 	}
+	cfg.Terminal = isTerminal(cfg.Progress)
 	start := time.Now()
 	res, err := buildImage(ctx, cfg)
 	if err != nil {
@@ -170,7 +213,7 @@ func cmdImageStatus(ctx context.Context, args []string, stdio Stdio) int {
 		fmt.Fprintf(stdio.Out, "rootfs: built %s ago (%s), %.1f MiB, python %s\n        %s\n",
 			st.Age, st.BuiltAt.Local().Format(time.RFC3339), float64(st.Size)/(1<<20), st.Python, st.Path)
 	} else {
-		fmt.Fprintf(stdio.Out, "rootfs: not built (run 'moat image build' as root)\n        %s\n", st.Path)
+		fmt.Fprintf(stdio.Out, "rootfs: not built (run '%s' as root)\n        %s\n", cfg.BuildCommand(), st.Path)
 	}
 	switch {
 	case st.InDocker:
@@ -178,9 +221,20 @@ func cmdImageStatus(ctx context.Context, args []string, stdio Stdio) int {
 	case st.Docker != "":
 		fmt.Fprintf(stdio.Out, "docker: %s: cannot tell: %s\n", st.Tag, oneLine(st.Docker))
 	default:
-		fmt.Fprintf(stdio.Out, "docker: %s is not imported (run 'moat image build')\n", st.Tag)
+		fmt.Fprintf(stdio.Out, "docker: %s is not imported (run '%s')\n", st.Tag, cfg.BuildCommand())
 	}
 	return exitOK
+}
+
+// isTerminal reports whether w is a terminal: the build's progress then
+// rewrites a status line instead of printing a line per event.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
 }
 
 func printJSON(stdio Stdio, v any) int {

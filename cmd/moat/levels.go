@@ -124,6 +124,9 @@ func (f *sandboxFlags) resolve() (fileConfig, error) {
 	if _, err := subprocess.ParseHardening(string(fc.Subprocess.Hardening)); err != nil {
 		return fc, err
 	}
+	if err := fc.Image.Validate(); err != nil {
+		return fc, err
+	}
 	if len(f.allowHosts) > 0 {
 		n := moat.Network{}
 		if fc.Network != nil {
@@ -293,6 +296,7 @@ func levelTable() []levelEntry {
 func (fc fileConfig) microvmConfig() (microvm.Config, error) {
 	cfg := fc.MicroVM
 	cfg.Limits = fc.Limits
+	cfg.Image = fc.Image
 	p, err := fc.proxy()
 	cfg.Egress = p
 	return cfg, err
@@ -301,6 +305,7 @@ func (fc fileConfig) microvmConfig() (microvm.Config, error) {
 func (fc fileConfig) containerConfig() (container.Config, error) {
 	cfg := fc.Container
 	cfg.Limits = fc.Limits
+	cfg.SharedImage = fc.Image
 	p, err := fc.proxy()
 	cfg.Egress = p
 	return cfg, err
@@ -309,6 +314,7 @@ func (fc fileConfig) containerConfig() (container.Config, error) {
 func (fc fileConfig) gvisorConfig() (gvisor.Config, error) {
 	cfg := fc.GVisor
 	cfg.Limits = fc.Limits
+	cfg.SharedImage = fc.Image
 	p, err := fc.proxy()
 	cfg.Egress = p
 	return cfg, err
