@@ -104,6 +104,9 @@ func (f *sandboxFlags) resolve() (fileConfig, error) {
 			return fc, fmt.Errorf("%w (in %s)", err, f.configPath)
 		}
 	}
+	if err := checkZeroLimitFlags(f.fs, &f.flags); err != nil {
+		return fc, err
+	}
 	set := setFlags(f.fs)
 	for name, key := range flagKeys(f.fs, &f.flags) {
 		if set[name] {
