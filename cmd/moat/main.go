@@ -11,6 +11,8 @@
 //	moat session COMMAND [ARGS]             a running server's sessions: create, run, suspend, snapshot, end
 //	moat agent [flags] "task"               a Claude agent with one tool, run_python
 //	moat mcp [--http ADDR]                  run_python as an MCP server
+//	moat version                            the build: version, revision, Go (also moat --version)
+//	moat completion bash|zsh                a shell completion script
 //
 // Run `moat help` or `moat COMMAND -h` for the flags.
 package main
@@ -56,6 +58,8 @@ func commands() []command {
 		{"serve", "serve the HTTP API (sessions, files, streaming) to agents in any language", cmdServe},
 		{"agent", "run a Claude agent whose one tool, run_python, runs code in the sandbox", cmdAgent},
 		{"mcp", "serve run_python over MCP (stdio, or --http on a loopback address)", cmdMCP},
+		{"version", "print moat's version, VCS revision and Go version (also moat --version)", cmdVersion},
+		{"completion", "print a shell completion script: moat completion bash|zsh", cmdCompletion},
 	}
 }
 
@@ -74,6 +78,9 @@ func dispatch(ctx context.Context, args []string, stdio Stdio) int {
 		}
 		return exitOK
 	}
+	if args[0] == "--version" || args[0] == "-version" {
+		return cmdVersion(ctx, args[1:], stdio)
+	}
 	for _, c := range commands() {
 		if c.name == args[0] {
 			return c.run(ctx, args[1:], stdio)
@@ -87,7 +94,7 @@ func usage(w io.Writer) {
 	fmt.Fprintln(w, "moat runs code that AI agents write, behind swappable isolation levels.")
 	fmt.Fprintln(w, "\nUsage: moat COMMAND [flags]\n\nCommands:")
 	for _, c := range commands() {
-		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.usage)
+		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.usage)
 	}
 	fmt.Fprintln(w, "\nRun 'moat COMMAND -h' for a command's flags.")
 }
