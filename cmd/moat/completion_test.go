@@ -137,3 +137,34 @@ echo "${COMPREPLY[*]}"`)
 		}
 	}
 }
+
+// The zsh script parses, and completes when zsh runs it with the
+// completion system's functions stubbed (they print what they are given).
+func TestZshCompletionCompletes(t *testing.T) {
+	zsh, err := exec.LookPath("zsh")
+	if err != nil {
+		t.Skip("no zsh here (apt-get install zsh)")
+	}
+	script, _, _ := runMoat(t, "", "completion", "zsh")
+	if out, err := exec.Command(zsh, "-n", "-c", script).CombinedOutput(); err != nil {
+		t.Fatalf("zsh -n: %v: %s", err, out)
+	}
+	for _, tc := range []struct{ words, want string }{
+		{"moat ses", "session:"},
+		{"moat run --st", "--stdin"},
+		{"moat run --level gv", "gvisor"},
+		{"moat session cr", "create"},
+		{"moat session create x", "FILES"},
+		{"moat completion z", "zsh"},
+	} {
+		words := strings.Fields(tc.words)
+		stubs := `compdef() { :; }; compadd() { [[ $1 == -- ]] && shift; print -l -- "$@"; }
+_describe() { print -l -- "${(@P)${4}}"; }; _files() { print FILES; }
+`
+		prog := stubs + script + "\nwords=(" + tc.words + "); CURRENT=" + strconv.Itoa(len(words)) + "; PREFIX=" + words[len(words)-1] + "; _moat\n"
+		out, err := exec.Command(zsh, "-f", "-c", prog).CombinedOutput()
+		if err != nil || !slices.ContainsFunc(strings.Split(string(out), "\n"), func(l string) bool { return strings.HasPrefix(l, tc.want) }) {
+			t.Errorf("%q: offered %q (%v), want %q among them", tc.words, out, err, tc.want)
+		}
+	}
+}
