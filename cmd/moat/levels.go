@@ -141,15 +141,6 @@ func (f *sandboxFlags) resolve() (fileConfig, error) {
 	return fc, nil
 }
 
-// open returns a sandbox at the chosen level.
-func (f *sandboxFlags) open(ctx context.Context) (moat.Sandbox, error) {
-	fc, err := f.resolve()
-	if err != nil {
-		return nil, err
-	}
-	return openLevel(ctx, fc, fc.Level)
-}
-
 // levelEntry wires one isolation level into the CLI.
 type levelEntry struct {
 	level moat.Level
