@@ -3,7 +3,8 @@
 //
 // Usage:
 //
-//	moat run [flags] (-c CODE | FILE | -)   run code, print its output
+//	moat run [flags] (-c CODE | FILE | -) [ARG...] [-- ARG...]
+//	                                        run code, print its output
 //	moat attack [flags]                     run the hostile programs at each level
 //	moat bench [flags]                      time print(1) at each level
 //	moat doctor [--json]                    say which levels can run here

@@ -59,23 +59,27 @@ func cmdRun(ctx context.Context, args []string, stdio Stdio) int {
 	force := fs.Bool("force", false, "with --out, replace files that are already in the directory (without it, moat refuses and copies nothing)")
 
 	flagArgs, positional, codeArgs := splitRunArgs(fs, args)
-	// With --json, errors are JSON on stdout: the flag package's own
-	// messages too, so they are caught here and re-emitted.
-	jsonMode := wantsJSON(flagArgs)
+	// The flag package's own messages are caught here and re-emitted: as
+	// JSON with --json, and with a hint when a flag moat does not have
+	// may have been meant for the code.
 	parseStdio := stdio
 	var parseErr bytes.Buffer
-	if jsonMode {
-		parseStdio.Err = &parseErr
-	}
+	parseStdio.Err = &parseErr
 	if c, ok := parseFlags(fs, flagArgs, parseStdio); !ok {
-		if jsonMode && c != exitOK {
-			return printJSONError(stdio, c, "invalid", strings.TrimSpace(parseErr.String()))
+		msg := strings.TrimSpace(parseErr.String())
+		if c == exitOK {
+			return c
 		}
+		if _, name, ok := strings.Cut(msg, "flag provided but not defined: "); ok {
+			msg += fmt.Sprintf(" (an argument for the code that starts with - goes after --: moat run FILE -- %s)", strings.Fields(name)[0])
+		}
+		if wantsJSON(flagArgs) {
+			return printJSONError(stdio, c, "invalid", msg)
+		}
+		fmt.Fprintln(stdio.Err, "moat: run: "+oneLine(strings.TrimPrefix(msg, "moat: ")))
 		return c
 	}
-	if jsonMode {
-		io.Copy(stdio.Err, &parseErr) // warnings, such as a deprecated spelling
-	}
+	io.Copy(stdio.Err, &parseErr) // warnings, such as a deprecated spelling
 	fail := func(err error) int {
 		if *asJSON {
 			return jsonErrorFor(stdio, err)

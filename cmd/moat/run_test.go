@@ -78,6 +78,10 @@ func TestRunArgvAndFlagsAfterFile(t *testing.T) {
 	if code != 0 || json.Unmarshal([]byte(stdout), &res) != nil || res.Stdout != "['s.py', 'a', '--json', '-c']\n" {
 		t.Errorf("run s.py --json a ... -- --json -c: exit %d, stdout %q, stderr %q", code, stdout, stderr)
 	}
+	_, stderr, code = runMoat(t, "", "run", s, "-v")
+	if code != exitUsage || strings.Count(stderr, "\n") != 1 || !strings.Contains(stderr, "-v") || !strings.Contains(stderr, "goes after --") {
+		t.Errorf("run s.py -v: exit %d, stderr %q; want one line saying the code's -v goes after --", code, stderr)
+	}
 	stdout, _, code = runMoat(t, "", "run", "-c", "import sys; print(sys.argv)", "--", "x")
 	if code != 0 || stdout != "['-c', 'x']\n" {
 		t.Errorf("run -c CODE -- x: exit %d, stdout %q", code, stdout)
