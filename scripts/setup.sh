@@ -7,7 +7,9 @@
 #      level, which runs the host's python3; the image has its own),
 #      util-linux (prlimit, setpriv), Node.js and npm (the MCP client test,
 #      and the E2B SDKs that the e2b tests drive, installed from their lockfile),
-#      chromium (the test that renders `moat bench --html`'s page headless);
+#      chromium (the test that renders `moat bench --html`'s page headless),
+#      python3-venv (the Python client's install test) and zsh (the test of
+#      `moat completion zsh`);
 #   2. each level's own set-up, where its script exists: Docker and the
 #      shared image (setup-docker.sh), runsc (setup-gvisor.sh), QEMU and the
 #      guest kernel (setup-microvm.sh);
@@ -27,7 +29,7 @@ die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
 command -v go >/dev/null || die "Go is not installed (moat needs Go 1.26: https://go.dev/doc/install)"
 
 need=()
-for p in python3 python3-pip util-linux nodejs npm ca-certificates chromium; do
+for p in python3 python3-pip python3-venv util-linux nodejs npm ca-certificates chromium zsh; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
 done
 # A machine may have node and npm from elsewhere; they do as well.

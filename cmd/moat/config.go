@@ -155,6 +155,9 @@ func decodeConfig(data []byte) (fileConfig, error) {
 	if err := decodeValue("", raw, reflect.ValueOf(&fc).Elem()); err != nil {
 		return fileConfig{}, err
 	}
+	if err := checkZeroLimitKeys(raw); err != nil {
+		return fileConfig{}, err
+	}
 	return fc, nil
 }
 

@@ -104,6 +104,9 @@ func (f *sandboxFlags) resolve() (fileConfig, error) {
 			return fc, fmt.Errorf("%w (in %s)", err, f.configPath)
 		}
 	}
+	if err := checkZeroLimitFlags(f.fs, &f.flags); err != nil {
+		return fc, err
+	}
 	set := setFlags(f.fs)
 	for name, key := range flagKeys(f.fs, &f.flags) {
 		if set[name] {
@@ -139,17 +142,6 @@ func (f *sandboxFlags) resolve() (fileConfig, error) {
 		return fc, err
 	}
 	return fc, nil
-}
-
-// open returns a sandbox at the chosen level. When the settings weaken
-// it (see hardeningWarning) it says so on stderr first, every time.
-func (f *sandboxFlags) open(ctx context.Context, stdio Stdio) (moat.Sandbox, error) {
-	fc, err := f.resolve()
-	if err != nil {
-		return nil, err
-	}
-	warnHardening(stdio, fc, fc.Level)
-	return openLevel(ctx, fc, fc.Level)
 }
 
 // hardeningWarning is what a command that runs code at l with fc says on

@@ -3,7 +3,8 @@
 //
 // Usage:
 //
-//	moat run [flags] (-c CODE | FILE | -)   run code, print its output
+//	moat run [flags] (-c CODE | FILE | -) [ARG...] [-- ARG...]
+//	                                        run code, print its output
 //	moat attack [flags]                     run the hostile programs at each level
 //	moat bench [flags]                      time print(1) at each level
 //	moat doctor [--json]                    say which levels can run here
@@ -11,6 +12,8 @@
 //	moat session COMMAND [ARGS]             a running server's sessions: create, run, suspend, snapshot, end
 //	moat agent [flags] "task"               a Claude agent with one tool, run_python
 //	moat mcp [--http ADDR]                  run_python as an MCP server
+//	moat version                            the build: version, revision, Go (also moat --version)
+//	moat completion bash|zsh                a shell completion script
 //
 // Run `moat help` or `moat COMMAND -h` for the flags.
 package main
@@ -48,6 +51,8 @@ func commands() []command {
 		{"serve", "serve the HTTP API (sessions, files, streaming) to agents in any language", cmdServe},
 		{"agent", "run a Claude agent whose one tool, run_python, runs code in the sandbox", cmdAgent},
 		{"mcp", "serve run_python over MCP (stdio, or --http on a loopback address)", cmdMCP},
+		{"version", "print moat's version, VCS revision and Go version (also moat --version)", cmdVersion},
+		{"completion", "print a shell completion script: moat completion bash|zsh", cmdCompletion},
 	}
 }
 
@@ -66,6 +71,9 @@ func dispatch(ctx context.Context, args []string, stdio Stdio) int {
 		}
 		return exitOK
 	}
+	if args[0] == "--version" || args[0] == "-version" {
+		return cmdVersion(ctx, args[1:], stdio)
+	}
 	for _, c := range commands() {
 		if c.name == args[0] {
 			return c.run(ctx, args[1:], stdio)
@@ -79,7 +87,7 @@ func usage(w io.Writer) {
 	fmt.Fprintln(w, "moat runs code that AI agents write, behind swappable isolation levels.")
 	fmt.Fprintln(w, "\nUsage: moat COMMAND [flags]\n\nCommands:")
 	for _, c := range commands() {
-		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.usage)
+		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.usage)
 	}
 	fmt.Fprintln(w, "\nRun 'moat COMMAND -h' for a command's flags. Exit statuses: 0 ok, 1 the work failed,")
 	fmt.Fprintln(w, "2 bad usage, 3 the machine not ready (address in use, state dir locked), 125 a level or")

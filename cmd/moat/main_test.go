@@ -121,7 +121,7 @@ func TestRunOutputCapBoundsTheTerminal(t *testing.T) {
 	if stdout.n > 1024 || !strings.HasPrefix(string(stdout.head), "1\n1\n") {
 		t.Errorf("printed %d bytes to stdout (%.40q...), want at most the 1KiB cap of the code's output", stdout.n, stdout.head)
 	}
-	if code != 137 || !strings.Contains(stderr.String(), "moat: run ended: output (exit 137)") {
+	if code != 137 || !strings.Contains(stderr.String(), "moat: output cut at 1KiB on stdout (limits.output, --output): the run was ended there (exit 137)") {
 		t.Errorf("exit %d, stderr %q; want 137 and the run ended for its output", code, stderr.String())
 	}
 }

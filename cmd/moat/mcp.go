@@ -8,6 +8,7 @@ import (
 	"net"
 
 	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/internal/version"
 	"github.com/moatsandbox/moat/mcpserver"
 )
 
@@ -47,7 +48,7 @@ func cmdMCP(ctx context.Context, args []string, stdio Stdio) int {
 	}
 	// Logs go to stderr: over stdio, stdout is the protocol's.
 	cfg := mcpserver.Config{MaxCode: int(maxCode), MaxOutput: int(maxOutput), Sessions: fc.MCP.Sessions, Interpreter: fc.MCP.Interpreter,
-		Logger: slog.New(slog.NewTextHandler(stdio.Err, nil))}
+		Version: version.String(), Logger: slog.New(slog.NewTextHandler(stdio.Err, nil))}
 	if err := cfg.Validate(); err != nil {
 		return exitFor(stdio, err)
 	}

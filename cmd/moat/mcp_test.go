@@ -15,6 +15,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/moatsandbox/moat/internal/version"
 	"github.com/moatsandbox/moat/mcpserver/mcptest"
 )
 
@@ -86,6 +87,9 @@ func TestMCPStdio(t *testing.T) {
 		outW.Close()
 	}()
 	cs := goClient(t, &mcp.IOTransport{Reader: outR, Writer: inW})
+	if info := cs.InitializeResult().ServerInfo; info.Version != version.String() {
+		t.Errorf("server info %+v: want version %q", info, version.String())
+	}
 	sixTimesSeven(t, cs)
 	cs.Close()
 	inW.Close()
