@@ -135,6 +135,13 @@ func cmdRun(ctx context.Context, args []string, stdio Stdio) int {
 		}
 		fmt.Fprintf(stdio.Err, "moat: %s\n", note)
 	}
+	if res.ExitCode != 0 {
+		// A failed run's notes may say why (a hint like the noexec one):
+		// the JSON carries them always, plain mode when they may help.
+		for _, n := range res.Notes {
+			fmt.Fprintf(stdio.Err, "moat: note: %s\n", n)
+		}
+	}
 	if outErr != nil {
 		return exitFor(stdio, outErr)
 	}

@@ -296,3 +296,26 @@ func TestRunSaysWhatWasCut(t *testing.T) {
 		t.Errorf("exit %d, stderr %q", code, stderr)
 	}
 }
+
+// A failed run's notes reach plain mode's stderr: at subprocess, a shared
+// object the run drops cannot be loaded (its working directory is noexec),
+// and the note that says why is printed after the traceback.
+func TestRunPlainPrintsAFailedRunsNotes(t *testing.T) {
+	requireRoot(t)
+	code := `import ctypes, ctypes.util, os, shutil
+name = ctypes.util.find_library("z") or "libz.so.1"
+path = next(d + "/" + name for d in ["/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib"] if os.path.exists(d + "/" + name))
+shutil.copy(path, "dropped.so")
+ctypes.CDLL("./dropped.so")`
+	_, stderr, exit := runMoat(t, "", "run", "--level", "subprocess", "-c", code)
+	if exit != 1 || !strings.Contains(stderr, "failed to map segment") {
+		t.Fatalf("exit %d, stderr %q: want the loader's refusal", exit, stderr)
+	}
+	if !strings.Contains(stderr, "moat: note: a shared object could not be loaded") {
+		t.Errorf("stderr %q: no note saying why", stderr)
+	}
+	_, stderr, exit = runMoat(t, "", "run", "--level", "subprocess", "-c", "print(1)")
+	if exit != 0 || strings.Contains(stderr, "moat: note:") {
+		t.Errorf("a run that succeeded: exit %d, stderr %q: want no notes", exit, stderr)
+	}
+}
