@@ -19,6 +19,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/moatsandbox/moat"
 )
 
@@ -217,11 +219,17 @@ func copyState(src, dst string) (bytes int64, err error) {
 				return err
 			}
 			defer in.Close()
-			out, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+			fi, err := in.Stat()
 			if err != nil {
 				return err
 			}
-			n, err := io.Copy(out, in)
+			// The mode is the saved one's (a memory file a VM's uid maps
+			// is 0444), never more than 0644.
+			out, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_EXCL, fi.Mode().Perm()&0o644)
+			if err != nil {
+				return err
+			}
+			n, err := copySparse(out, in, fi.Size())
 			bytes += n
 			if err != nil {
 				out.Close()
@@ -243,6 +251,41 @@ func copyState(src, dst string) (bytes int64, err error) {
 		return 0, fmt.Errorf("server: copy a suspended state: %w", err)
 	}
 	return bytes, nil
+}
+
+// copySparse copies in's size bytes to out, the holes as holes: only the
+// data extents are read and written (a VM's memory file is mostly holes).
+// It returns the bytes of data copied.
+func copySparse(out, in *os.File, size int64) (int64, error) {
+	var copied int64
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(int(in.Fd()), off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // holes to the end
+		}
+		if err != nil {
+			// No SEEK_DATA here: all of it is data.
+			if _, err := out.Seek(0, io.SeekStart); err != nil {
+				return 0, err
+			}
+			return io.Copy(out, io.NewSectionReader(in, 0, size))
+		}
+		hole, err := unix.Seek(int(in.Fd()), data, unix.SEEK_HOLE)
+		if err != nil {
+			return copied, err
+		}
+		hole = min(hole, size)
+		if _, err := out.Seek(data, io.SeekStart); err != nil {
+			return copied, err
+		}
+		n, err := io.Copy(out, io.NewSectionReader(in, data, hole-data))
+		copied += n
+		if err != nil {
+			return copied, err
+		}
+		off = hole
+	}
+	return copied, out.Truncate(size)
 }
 
 // fork starts a session of owner from snapshot id: a new session, with

@@ -3,8 +3,6 @@ package engine
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -62,8 +60,11 @@ type savedInfo struct {
 // manifest is manifest.json: every directory and regular file of the
 // state but the manifest, with its size and SHA-256.
 type manifest struct {
-	Dirs  []string        `json:"dirs"`
-	Files []manifestEntry `json:"files"`
+	// Digest names the files' digests: digestChunked, or "" for states
+	// saved before it, whose digests are of the whole file (digestWhole).
+	Digest string          `json:"digest,omitempty"`
+	Dirs   []string        `json:"dirs"`
+	Files  []manifestEntry `json:"files"`
 }
 
 type manifestEntry struct {
@@ -248,7 +249,7 @@ func kind(m fs.FileMode) string {
 // seal writes session.json and the manifest of everything in dir, and
 // syncs them.
 func seal(dir string, opts moat.SessionOptions, info *moat.SuspendInfo) error {
-	var m manifest
+	m := manifest{Digest: digestChunked}
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -262,12 +263,12 @@ func seal(dir string, opts moat.SessionOptions, info *moat.SuspendInfo) error {
 			m.Dirs = append(m.Dirs, rel)
 			return syncDir(p)
 		case d.Type().IsRegular():
-			size, sum, err := digest(p)
+			size, sum, disk, err := digest(p)
 			if err != nil {
 				return err
 			}
 			m.Files = append(m.Files, manifestEntry{Path: rel, Size: size, SHA256: sum})
-			info.Bytes += size
+			info.Bytes += disk
 			return nil
 		}
 		return fmt.Errorf("%s is neither a file nor a directory", rel)
@@ -282,7 +283,7 @@ func seal(dir string, opts moat.SessionOptions, info *moat.SuspendInfo) error {
 	if err := writeSynced(filepath.Join(dir, infoFile), b); err != nil {
 		return err
 	}
-	size, sum, err := digest(filepath.Join(dir, infoFile))
+	size, sum, _, err := digest(filepath.Join(dir, infoFile))
 	if err != nil {
 		return err
 	}
@@ -295,20 +296,6 @@ func seal(dir string, opts moat.SessionOptions, info *moat.SuspendInfo) error {
 		return err
 	}
 	return syncDir(dir)
-}
-
-func digest(p string) (int64, string, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return 0, "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	n, err := io.Copy(h, f)
-	if err != nil {
-		return 0, "", err
-	}
-	return n, hex.EncodeToString(h.Sum(nil)), nil
 }
 
 func writeSynced(p string, b []byte) error {
@@ -403,6 +390,17 @@ func check(dir string) (*savedInfo, error) {
 	if err := dec.Decode(&m); err != nil {
 		return nil, fmt.Errorf("manifest: %v", err)
 	}
+	sumOf := func(p string) (int64, string, error) {
+		size, sum, _, err := digest(p)
+		return size, sum, err
+	}
+	switch m.Digest {
+	case digestChunked:
+	case "":
+		sumOf = digestWhole
+	default:
+		return nil, fmt.Errorf("manifest: digests of an unknown kind %q", m.Digest)
+	}
 	want := map[string]manifestEntry{}
 	for _, f := range m.Files {
 		want[f.Path] = f
@@ -432,7 +430,7 @@ func check(dir string) (*savedInfo, error) {
 			if !ok {
 				return fmt.Errorf("%s is not in the manifest", rel)
 			}
-			size, sum, err := digest(p)
+			size, sum, err := sumOf(p)
 			if err != nil {
 				return err
 			}
