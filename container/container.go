@@ -255,6 +255,15 @@ func (c Config) withDefaults() (Config, error) {
 	return c, nil
 }
 
+// nativeHints say why a shared object a run dropped does not load: every
+// place a run may write (its tmpfs mounts) is noexec (see spec.go).
+var nativeHints = []engine.Hint{{
+	In: "failed to map segment from shared object",
+	Note: "a shared object could not be loaded (\"failed to map segment from shared object\"): every writable place of the container " +
+		"(the working directory, /tmp) is mounted noexec, so native code the run writes or uploads (a .so, a binary) cannot be mapped " +
+		"executable or run; add it to the image as a Debian package (moat image build --packages), or run at the gvisor or microvm level",
+}}
+
 // Sandbox runs code in hardened Docker containers. It is safe for
 // concurrent use; see moat.Sandbox and moat.Sessioner for the contract. The
 // run's lifecycle (the checks of the request, the output cap, the wall
@@ -391,6 +400,7 @@ func New(cfg Config) (*Sandbox, error) {
 		Warm:    cfg.Warm,
 		WarmMax: cfg.WarmMax,
 		Notes:   notes,
+		Hints:   nativeHints,
 		Logger:  cfg.Logger,
 	}, b)
 	if err != nil {

@@ -427,3 +427,34 @@ func TestAttacks(t *testing.T) {
 	attack.Scoreboard(&b, outs)
 	t.Logf("\n%s", b.String())
 }
+
+// A shared object the run drops cannot be loaded (every writable place is
+// noexec), and the result's notes say why; a run without it gets no note.
+func TestNoexecNote(t *testing.T) {
+	needEngine(t)
+	sb := factory(t, moat.Limits{})
+	defer sb.Close()
+	const code = `import ctypes, ctypes.util, os, shutil
+name = ctypes.util.find_library("z") or "libz.so.1"
+path = next(d + "/" + name for d in ["/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib"] if os.path.exists(d + "/" + name))
+ctypes.CDLL(path)  # the image's own copy loads
+shutil.copy(path, "dropped.so")
+ctypes.CDLL("./dropped.so")`
+	res, err := sb.Run(context.Background(), moat.Request{Code: []byte(code)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(res.Stderr), "failed to map segment from shared object") {
+		t.Fatalf("the loader did not refuse the dropped .so: exit %d, stderr %q", res.ExitCode, res.Stderr)
+	}
+	if !strings.Contains(strings.Join(res.Notes, "\n"), "mounted noexec") {
+		t.Errorf("notes %q: no note saying why", res.Notes)
+	}
+	res, err = sb.Run(context.Background(), moat.Request{Code: []byte("import sys; sys.exit('failed otherwise')")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(strings.Join(res.Notes, "\n"), "mounted noexec") {
+		t.Errorf("a run failing otherwise got the note: %q", res.Notes)
+	}
+}

@@ -37,7 +37,6 @@ type interpRun struct {
 	code    []byte
 	nonce   []byte
 	sinks   [2]*marker.Sink
-	noexec  *seenWriter           // the loader's refusal of a noexec shared object, on stderr
 	atStart map[fileKey]fileStamp // see fileAtLimit
 	// restart is why the previous interpreter ended, if this run started
 	// its successor.
@@ -112,8 +111,7 @@ func (ss *session) startInterpreterRun(ctx context.Context, code []byte, stdout,
 	var rnd [nonceLen / 2]byte
 	rand.Read(rnd[:])
 	r.nonce = []byte(hex.EncodeToString(rnd[:]))
-	r.noexec = newSeenWriter(loaderNoexec)
-	r.sinks = [2]*marker.Sink{marker.NewSink(r.nonce, in.prevNonce, stdout), marker.NewSink(r.nonce, in.prevNonce, io.MultiWriter(stderr, r.noexec))}
+	r.sinks = [2]*marker.Sink{marker.NewSink(r.nonce, in.prevNonce, stdout), marker.NewSink(r.nonce, in.prevNonce, stderr)}
 	for i := range r.sinks {
 		in.outs[i].Set(r.sinks[i])
 	}
@@ -332,7 +330,6 @@ func (r *interpRun) Wait() (engine.Evidence, error) {
 		ss.ended = cause
 	}
 	ev.Spent = ss.cpuSpent
-	ev.Notes = append(ev.Notes, nativeNotes(r.noexec)...)
 	if ss.net != nil {
 		ev.Notes = append(ev.Notes, ss.net.Notes()...)
 	}

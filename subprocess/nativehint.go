@@ -1,9 +1,6 @@
 package subprocess
 
-import (
-	"bytes"
-	"sync"
-)
+import "github.com/moatsandbox/moat/internal/engine"
 
 // loaderNoexec is what glibc's loader says (through dlopen, ctypes or an
 // extension module's import) when mmap refuses to map a shared object's
@@ -17,47 +14,5 @@ const noexecNote = "a shared object could not be loaded (" + `"` + loaderNoexec 
 	"so native code the run writes or uploads (a .so, a binary) cannot be mapped executable or run; native code must come from the host's packages " +
 	"(apt install python3-numpy on the host), or run at the gvisor or microvm level, whose own kernel confines it"
 
-// seenWriter watches a stream for one byte string, across writes, and
-// remembers whether it went by. It keeps no more than the string's length
-// of the stream. It is safe for concurrent use.
-type seenWriter struct {
-	pat []byte
-
-	mu    sync.Mutex
-	carry []byte // the last len(pat)-1 bytes written, when not seen
-	seen  bool
-}
-
-func newSeenWriter(pat string) *seenWriter { return &seenWriter{pat: []byte(pat)} }
-
-func (w *seenWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.seen {
-		return len(p), nil
-	}
-	buf := append(w.carry, p...)
-	if bytes.Contains(buf, w.pat) {
-		w.seen, w.carry = true, nil
-		return len(p), nil
-	}
-	keep := min(len(buf), len(w.pat)-1)
-	w.carry = append(w.carry[:0:0], buf[len(buf)-keep:]...)
-	return len(p), nil
-}
-
-// Seen reports whether the string went by.
-func (w *seenWriter) Seen() bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.seen
-}
-
-// nativeNotes are the notes the run's stderr, as watched by w, calls for.
-// They are hints for the reader: they decide no verdict.
-func nativeNotes(w *seenWriter) []string {
-	if w != nil && w.Seen() {
-		return []string{noexecNote}
-	}
-	return nil
-}
+// nativeHints are the engine's hints (engine.Config.Hints) of this level.
+var nativeHints = []engine.Hint{{In: loaderNoexec, Note: noexecNote}}

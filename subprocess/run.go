@@ -330,7 +330,6 @@ type process struct {
 	net *egress.Run
 
 	stderrTail tailWriter
-	noexec     *seenWriter // the loader's refusal of a noexec shared object
 	copied     chan struct{}
 	stopCPU    func()
 	cpuOver    atomic.Bool // the CPU watch killed the run
@@ -370,8 +369,7 @@ func (p *process) watch(stdout, stderr io.Writer) {
 	p.stderrTail.n = 4096
 	p.copied = make(chan struct{}, 2)
 	go func() { io.Copy(stdout, p.h.stdout); p.copied <- struct{}{} }()
-	p.noexec = newSeenWriter(loaderNoexec)
-	go func() { io.Copy(io.MultiWriter(stderr, &p.stderrTail, p.noexec), p.h.stderr); p.copied <- struct{}{} }()
+	go func() { io.Copy(io.MultiWriter(stderr, &p.stderrTail), p.h.stderr); p.copied <- struct{}{} }()
 	p.stopCPU = func() {}
 	if p.group != nil {
 		// RLIMIT_CPU bounds each process; the cgroup's account bounds the
@@ -431,9 +429,6 @@ func (p *process) Wait() (engine.Evidence, error) {
 		}
 	}
 	ev, err := p.evidence(waitErr, status)
-	if err == nil {
-		ev.Notes = append(ev.Notes, nativeNotes(p.noexec)...)
-	}
 	if err == nil && p.net != nil {
 		ev.Notes = append(ev.Notes, p.net.Notes()...)
 	}

@@ -223,6 +223,7 @@ func New(cfg Config) (*Sandbox, error) {
 		Warm:    cfg.Warm,
 		WarmMax: warmMax(cfg.Warm, cfg.WarmMax),
 		Notes:   b.notes,
+		Hints:   nativeHints,
 		Logger:  b.log,
 	}, b)
 	if err != nil {

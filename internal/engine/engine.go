@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -43,8 +44,19 @@ type Config struct {
 	MaxCode int
 	// Notes are put in every Result, before the evidence's own.
 	Notes []string
+	// Hints are notes a Result gets when its stderr, as captured, shows a
+	// message of the level's that says more than it seems to (a loader
+	// refusing a noexec mount, say). They are for the reader: they decide
+	// no verdict, and code that prints the message gets the note.
+	Hints []Hint
 	// Logger gets a line per run at debug level. Nil means discard.
 	Logger *slog.Logger
+}
+
+// Hint is a note for a Result whose stderr contains In.
+type Hint struct {
+	In   string
+	Note string
 }
 
 // DefaultWarm is what a zero Config.Warm means, and MaxWarm the most it may
@@ -342,6 +354,11 @@ func (s *Sandbox) runIn(ctx context.Context, start starter, req moat.Request, be
 	}
 	if n := len(s.cfg.Notes) + len(ev.Notes); n > 0 {
 		res.Notes = append(append(make([]string, 0, n), s.cfg.Notes...), ev.Notes...)
+	}
+	for _, h := range s.cfg.Hints {
+		if strings.Contains(string(res.Stderr), h.In) {
+			res.Notes = append(res.Notes, h.Note)
+		}
 	}
 	return res, nil
 }
