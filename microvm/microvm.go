@@ -288,6 +288,11 @@ func New(cfg Config) (*Sandbox, error) {
 		if err != nil {
 			return nil, unavailable("cannot boot the template VM", "see the error; "+setupRemedy, err)
 		}
+		if meta.SharedRAM {
+			if err := verifyRAM(filepath.Join(dir, ramFile), int64(meta.MemoryMiB)<<20, meta.RAMSHA256); err != nil {
+				return nil, unavailable("the template's memory file is damaged: remove "+dir+" to make it again", "", err)
+			}
+		}
 		b.tmpl, b.meta = dir, meta
 		log.Info("microvm: template", "dir", dir, "boot_ms", meta.BootMS, "save_ms", meta.SaveMS, "bytes", meta.Size, "took", time.Since(start))
 	}
@@ -360,6 +365,7 @@ func (b *backend) details() []string {
 	d := []string{
 		"vmm: " + b.vmm.Name() + " (" + b.vmm.Binary + "), machine microvm, " + b.netLine(),
 		"accel: " + b.accel,
+		"guest memory: " + b.memoryLine(),
 		"kernel: " + b.spec.Kernel,
 		"disk: " + b.spec.Disk,
 		fmt.Sprintf("guest: %d MiB, %d vCPU; at most %d VMs at once", b.spec.MemoryMiB, b.spec.VCPUs, b.maxVMs),
@@ -370,6 +376,14 @@ func (b *backend) details() []string {
 		d = append(d, "template: none (cold boot per run)")
 	}
 	return d
+}
+
+// memoryLine says how VMs restored from one saved state hold its memory.
+func (b *backend) memoryLine() string {
+	if b.vmm.SharedRAM {
+		return "shared copy-on-write from the template (" + b.vmm.Name() + ": memory-backend-file readonly=on)"
+	}
+	return "copied per VM (" + b.vmm.Name() + " cannot map a read-only memory file: QEMU 8.2 or later can)"
 }
 
 // netLine says what network the VMs have.

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/internal/capture"
 	"github.com/moatsandbox/moat/internal/egress"
 )
@@ -34,6 +35,12 @@ type QEMU struct {
 	// called once the process is gone: each VM has a uid of its own. Nil
 	// means QEMU runs as moat's own user (root): only the KVM probe does.
 	Credentials func() (uid, gid int, groups []uint32, release func(), err error)
+	// SharedRAM: this QEMU's memory-backend-file takes readonly=on (QEMU
+	// 8.2 and later; Debian 12's 7.2 does not), so that VMs restored from
+	// one saved state can map its RAM file copy-on-write and share its
+	// pages (see VMSpec.RAM). Every VM then has its memory as the object
+	// "ram" and migrates with x-ignore-shared.
+	SharedRAM bool
 	// Tag marks every QEMU process in its command line (-name), so that
 	// leftovers can be found: "moat-vm:OWNER:ID", OWNER being the owner id
 	// of package owner.
@@ -57,12 +64,14 @@ type qemuVM struct {
 	killOnce sync.Once
 }
 
-// Descriptors QEMU inherits: the agent's port, the monitor, and one more
-// (the console's socket for a boot, the state for a restore).
+// Descriptors QEMU inherits: the agent's port, the monitor, one more
+// (the console's socket for a boot, the state for a restore) and, with
+// VMSpec.RAM, the RAM file.
 const (
 	fdAgent = 3
 	fdQMP   = 4
 	fdExtra = 5
+	fdRAM   = 6
 )
 
 // args returns QEMU's command line for spec.
@@ -100,6 +109,14 @@ func (q *QEMU) args(spec VMSpec, tag string) []string {
 		}
 		spawn, elevate = "allow", "allow"
 	}
+	if q.SharedRAM {
+		// The guest's memory is the object "ram": a file (by the
+		// descriptor moat opened, which QEMU reopens through /proc with
+		// the access asked for) or, without VMSpec.RAM, anonymous memory.
+		// With x-ignore-shared a migration leaves a shared file's RAM out
+		// of the stream (both sides must have it).
+		machine += ",memory-backend=ram"
+	}
 	a := []string{"-name", tag, "-nodefaults", "-no-user-config", "-display", "none"}
 	a = append(a, nic...)
 	a = append(a,
@@ -124,7 +141,22 @@ func (q *QEMU) args(spec VMSpec, tag string) []string {
 	} else {
 		a = append(a, "-chardev", "null,id=con", "-serial", "chardev:con")
 	}
-	if spec.Restore != "" {
+	if q.SharedRAM {
+		obj := "memory-backend-ram,id=ram,size=" + mem
+		switch {
+		case spec.RAM != "" && spec.RAMWritable:
+			obj = "memory-backend-file,id=ram,size=" + mem + ",mem-path=/proc/self/fd/" + strconv.Itoa(fdRAM) + ",share=on"
+		case spec.RAM != "":
+			obj = "memory-backend-file,id=ram,size=" + mem + ",mem-path=/proc/self/fd/" + strconv.Itoa(fdRAM) + ",share=off,readonly=on,rom=off"
+		}
+		a = append(a, "-object", obj)
+	}
+	switch {
+	case spec.Restore != "" && q.SharedRAM:
+		// x-ignore-shared is set over QMP before the migration starts
+		// (QEMU 10 has no -global for it): see Start.
+		a = append(a, "-incoming", "defer")
+	case spec.Restore != "":
 		a = append(a, "-incoming", "fd:"+strconv.Itoa(fdExtra))
 	}
 	return a
@@ -175,12 +207,16 @@ func (q *QEMU) Start(ctx context.Context, spec VMSpec) (VM, error) {
 		vm.release()
 		return nil, err
 	}
+	if spec.RAM != "" && !q.SharedRAM {
+		return fail(fmt.Errorf("microvm: %s cannot map a RAM file read-only: %w", q.Name(), moat.ErrUnavailable))
+	}
 	cmd := exec.Command(q.Binary, q.args(spec, tag)...)
 	cmd.Env = []string{}
 	cmd.Dir = "/"
 	cmd.Stdout = vm.stderr
 	cmd.Stderr = vm.stderr
 	cmd.ExtraFiles = []*os.File{agentVM, qmpVM}
+	var closeAfterStart *os.File // the console's end: its copier ends at QEMU's exit
 	if spec.Restore != "" {
 		// QEMU reads the state from a descriptor moat opened: the VM's uid
 		// needs no access to the template.
@@ -190,12 +226,25 @@ func (q *QEMU) Start(ctx context.Context, spec VMSpec) (VM, error) {
 		}
 		defer state.Close()
 		cmd.ExtraFiles = append(cmd.ExtraFiles, state)
+		if spec.RAM != "" && !spec.RAMWritable {
+			// Opened with the state, read-only: a template pruned
+			// meanwhile is still whole for this VM, and the VM's uid
+			// reopens it (through /proc) read-only or not at all, the
+			// file being root's, mode 0444.
+			ram, err := openRAM(spec.RAM)
+			if err != nil {
+				return fail(err)
+			}
+			defer ram.Close()
+			cmd.ExtraFiles = append(cmd.ExtraFiles, ram)
+		}
 	} else if spec.Console != nil {
 		conHost, conVM, err := socketPair()
 		if err != nil {
 			return fail(err)
 		}
 		defer conVM.Close()
+		closeAfterStart = conVM
 		cmd.ExtraFiles = append(cmd.ExtraFiles, conVM)
 		vm.console = make(chan struct{})
 		go func() {
@@ -205,12 +254,14 @@ func (q *QEMU) Start(ctx context.Context, spec VMSpec) (VM, error) {
 		}()
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	ramUID, ramGID := 0, 0
 	if q.Credentials != nil {
 		uid, gid, groups, release, err := q.Credentials()
 		if err != nil {
 			return fail(err)
 		}
 		vm.release = release
+		ramUID, ramGID = uid, gid
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: groups}
 		if spec.Net != nil {
 			// What QEMU's user network spawns runs as the VM's uid and
@@ -223,10 +274,24 @@ func (q *QEMU) Start(ctx context.Context, spec VMSpec) (VM, error) {
 			}
 		}
 	}
+	if spec.RAM != "" && spec.RAMWritable {
+		ram, err := createRAM(spec.RAM, ramUID, ramGID)
+		if err != nil {
+			return fail(err)
+		}
+		defer ram.Close()
+		if len(cmd.ExtraFiles) == fdExtra-fdAgent {
+			cmd.ExtraFiles = append(cmd.ExtraFiles, nil) // no descriptor 5
+		}
+		cmd.ExtraFiles = append(cmd.ExtraFiles, ram)
+	}
 	cmd.WaitDelay = time.Second
 	err = cmd.Start()
 	agentVM.Close() // QEMU holds its ends now: its exit closes the sockets
 	qmpVM.Close()
+	if closeAfterStart != nil {
+		closeAfterStart.Close()
+	}
 	if err != nil {
 		return fail(fmt.Errorf("microvm: start %s: %w", q.Binary, err))
 	}
@@ -246,6 +311,20 @@ func (q *QEMU) Start(ctx context.Context, spec VMSpec) (VM, error) {
 		return nil, vm.explain(err)
 	}
 	vm.mon = mon
+	if q.SharedRAM {
+		// Both sides of a migration need x-ignore-shared: a VM's own
+		// memory file, mapped shared, is then left out of the stream,
+		// and a restore gets no pages of it (see ram.go).
+		caps := map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}}}
+		err := mon.execute(mctx, "migrate-set-capabilities", caps, nil)
+		if err == nil && spec.Restore != "" {
+			err = mon.execute(mctx, "migrate-incoming", map[string]any{"uri": "fd:" + strconv.Itoa(fdExtra)}, nil)
+		}
+		if err != nil {
+			vm.Kill()
+			return nil, vm.explain(fmt.Errorf("microvm: start: %w", err))
+		}
+	}
 	return vm, nil
 }
 
