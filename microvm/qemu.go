@@ -60,6 +60,10 @@ type qemuVM struct {
 	console chan struct{} // closed when the console's copier is done
 	exited  chan struct{}
 	waitErr error
+	// sharedRAM: the VM's memory is the object "ram" (QEMU.SharedRAM);
+	// saveIgnoreShared: it is a file mapped shared, which Save leaves out
+	// of the stream.
+	sharedRAM, saveIgnoreShared bool
 
 	killOnce sync.Once
 }
@@ -150,6 +154,9 @@ func (q *QEMU) args(spec VMSpec, tag string) []string {
 			obj = "memory-backend-file,id=ram,size=" + mem + ",mem-path=/proc/self/fd/" + strconv.Itoa(fdRAM) + ",share=off,readonly=on,rom=off"
 		}
 		a = append(a, "-object", obj)
+	}
+	if spec.Frozen {
+		a = append(a, "-S")
 	}
 	switch {
 	case spec.Restore != "" && q.SharedRAM:
@@ -312,20 +319,33 @@ func (q *QEMU) Start(ctx context.Context, spec VMSpec) (VM, error) {
 	}
 	vm.mon = mon
 	if q.SharedRAM {
-		// Both sides of a migration need x-ignore-shared: a VM's own
-		// memory file, mapped shared, is then left out of the stream,
-		// and a restore gets no pages of it (see ram.go).
-		caps := map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}}}
-		err := mon.execute(mctx, "migrate-set-capabilities", caps, nil)
-		if err == nil && spec.Restore != "" {
-			err = mon.execute(mctx, "migrate-incoming", map[string]any{"uri": "fd:" + strconv.Itoa(fdExtra)}, nil)
-		}
-		if err != nil {
-			vm.Kill()
-			return nil, vm.explain(fmt.Errorf("microvm: start: %w", err))
+		// Both sides of a migration must agree on x-ignore-shared, which
+		// changes the stream's format: it is on where the stream leaves
+		// the memory out, because it is in a file. A VM whose memory is
+		// its file, mapped shared (a template's boot, a conversion) saves
+		// with it; a VM that maps a sealed file loads with it. A session
+		// VM's memory is private, so its Save carries the memory (off),
+		// and so does the stream a conversion loads (off).
+		vm.sharedRAM = true
+		vm.saveIgnoreShared = spec.RAM != "" && spec.RAMWritable
+		if spec.Restore != "" {
+			err := vm.setIgnoreShared(mctx, spec.RAM != "" && !spec.RAMWritable)
+			if err == nil {
+				err = mon.execute(mctx, "migrate-incoming", map[string]any{"uri": "fd:" + strconv.Itoa(fdExtra)}, nil)
+			}
+			if err != nil {
+				vm.Kill()
+				return nil, vm.explain(fmt.Errorf("microvm: start: %w", err))
+			}
 		}
 	}
 	return vm, nil
+}
+
+// setIgnoreShared sets the migration capability x-ignore-shared.
+func (vm *qemuVM) setIgnoreShared(ctx context.Context, on bool) error {
+	caps := map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": on}}}
+	return vm.mon.execute(ctx, "migrate-set-capabilities", caps, nil)
 }
 
 // killUID kills every process of uid (kill -9 -1 as uid, which the
@@ -370,6 +390,11 @@ func (vm *qemuVM) Save(ctx context.Context, path string) error {
 	if err := vm.mon.execute(ctx, "stop", nil, nil); err != nil {
 		return vm.explain(err)
 	}
+	if vm.sharedRAM {
+		if err := vm.setIgnoreShared(ctx, vm.saveIgnoreShared); err != nil {
+			return vm.explain(err)
+		}
+	}
 	if err := vm.mon.executeFD(ctx, "getfd", map[string]any{"fdname": "state"}, nil, f); err != nil {
 		return vm.explain(err)
 	}
@@ -393,6 +418,44 @@ func (vm *qemuVM) Save(ctx context.Context, path string) error {
 		case <-vm.exited:
 			return vm.explain(errors.New("microvm: save: qemu exited"))
 		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// awaitIncoming waits for a Frozen restore to have loaded its state.
+func (vm *qemuVM) awaitIncoming(ctx context.Context) error {
+	for {
+		st, err := vm.mon.status(ctx)
+		if err != nil {
+			return vm.explain(err)
+		}
+		switch st {
+		case "paused", "postmigrate", "prelaunch":
+			if st != "prelaunch" {
+				return nil
+			}
+			// prelaunch: -S before the incoming migration has begun
+			// or while it runs; query-migrate tells.
+			mst, desc, err := vm.mon.migration(ctx)
+			if err != nil {
+				return vm.explain(err)
+			}
+			switch mst {
+			case "completed":
+				return nil
+			case "failed", "cancelled":
+				return vm.explain(fmt.Errorf("microvm: restore: migration %s: %s", mst, desc))
+			}
+		case "inmigrate", "restore-vm":
+		default:
+			return vm.explain(fmt.Errorf("microvm: restore: the VM is %s", st))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-vm.exited:
+			return vm.explain(errors.New("microvm: restore: qemu exited"))
+		case <-time.After(10 * time.Millisecond):
 		}
 	}
 }

@@ -99,10 +99,19 @@ func sealRAM(path string, size int64) error {
 
 // openRAM opens a sealed RAM file for a restore, read-only, and checks
 // that it is still sealed: a regular file of root's, mode 0444, one link.
+//
+// A copy of a suspended state (a server's snapshot) holds it as root's
+// 0600: that is sealed too, and made 0444 here, which the VM's uid needs
+// to reopen it read-only (its directory stays root's alone).
 func openRAM(path string) (*os.File, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("microvm: restore: %w", err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err == nil &&
+		st.Mode&syscall.S_IFMT == syscall.S_IFREG && st.Uid == 0 && st.Gid == 0 && st.Mode&0o7777 == 0o600 && st.Nlink == 1 {
+		f.Chmod(0o444)
 	}
 	if err := checkRAM(f, -1); err != nil {
 		f.Close()

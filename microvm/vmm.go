@@ -66,6 +66,10 @@ type VMSpec struct {
 	// file share the pages they do not write, and none can write it.
 	RAM         string
 	RAMWritable bool
+	// Frozen keeps a restored guest paused once the state is loaded
+	// (QEMU's -S), until Resume or Save: a state's conversion (see
+	// shareState) never runs it.
+	Frozen bool
 	// Console receives the guest's serial console, from a goroutine of the
 	// VM that ends before Kill returns. Nil means discard.
 	Console io.Writer
