@@ -406,3 +406,42 @@ func TestForksShareMemory(t *testing.T) {
 		t.Errorf("%d forks of one state use %s (Pss), no less than %d fresh sessions' %s: they share nothing", N, mib(fpss), N, mib(spss))
 	}
 }
+
+// With SharedRAM the guest's memory is the object "ram": a template's boot
+// maps its file shared, a restore read-only and private, by the descriptor
+// moat passes, and the restore's migration is set up over QMP; without
+// (QEMU 7.2), the command line is as it was.
+func TestQEMUArgsSharedRAM(t *testing.T) {
+	spec := VMSpec{Kernel: "/k", Initrd: "/i", Disk: "/d", Cmdline: "c", MemoryMiB: 512, VCPUs: 1, Accel: AccelTCG}
+	for _, c := range []struct {
+		name   string
+		shared bool
+		mod    func(*VMSpec)
+		want   []string
+		not    []string
+	}{
+		{"7.2 restore", false, func(s *VMSpec) { s.Restore = "/s" }, []string{"-incoming\x00fd:5", "-m\x00512M"}, []string{"memory-backend", "-S"}},
+		{"boot", true, func(s *VMSpec) { s.RAM, s.RAMWritable = "/r", true },
+			[]string{"memory-backend=ram", "memory-backend-file,id=ram,size=512M,mem-path=/proc/self/fd/6,share=on"}, []string{"share=off", "-incoming", "/r"}},
+		{"restore", true, func(s *VMSpec) { s.Restore, s.RAM = "/s", "/r" },
+			[]string{"mem-path=/proc/self/fd/6,share=off,readonly=on,rom=off", "-incoming\x00defer"}, []string{"share=on", "fd:5", "/r"}},
+		{"conversion", true, func(s *VMSpec) { s.Restore, s.RAM, s.RAMWritable, s.Frozen = "/s", "/r", true, true },
+			[]string{"share=on", "-S", "-incoming\x00defer"}, []string{"share=off"}},
+		{"anonymous", true, func(s *VMSpec) { s.Restore = "/s" }, []string{"memory-backend-ram,id=ram,size=512M"}, []string{"memory-backend-file"}},
+	} {
+		q := &QEMU{Binary: "/q", Version: "x", SharedRAM: c.shared}
+		s := spec
+		c.mod(&s)
+		args := strings.Join(q.args(s, "tag"), "\x00")
+		for _, w := range c.want {
+			if !strings.Contains(args, w) {
+				t.Errorf("%s: the command line lacks %q: %q", c.name, w, args)
+			}
+		}
+		for _, bad := range c.not {
+			if strings.Contains(args, bad) {
+				t.Errorf("%s: the command line holds %q: %q", c.name, bad, args)
+			}
+		}
+	}
+}
