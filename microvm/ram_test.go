@@ -241,7 +241,7 @@ func TestRAMFileChecked(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, ramFile)
 	const size = 8 << 20
-	f, err := createRAM(path, 0, 0)
+	f, err := createRAM(path, 65534, 65534)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,7 +249,18 @@ func TestRAMFileChecked(t *testing.T) {
 	f.WriteAt([]byte("guest memory"), 1<<20)
 	f.Close()
 	if _, err := openRAM(path); !errors.Is(err, moat.ErrInvalid) {
-		t.Errorf("openRAM of a file mode 0600: %v, want ErrInvalid", err)
+		t.Errorf("openRAM of a file of uid 65534, mode 0600: %v, want ErrInvalid", err)
+	}
+	// Root's 0600 (a server's copy of a state) is sealed too, and made
+	// readable for the VM's reopening.
+	os.Chown(path, 0, 0)
+	if r, err := openRAM(path); err != nil {
+		t.Errorf("openRAM of root's file, mode 0600: %v", err)
+	} else {
+		r.Close()
+	}
+	if st, _ := os.Stat(path); st == nil || st.Mode().Perm() != 0o444 {
+		t.Errorf("openRAM left root's 0600 file as %v, want 0444", st)
 	}
 	if err := sealRAM(path, size); err != nil {
 		t.Fatal(err)
