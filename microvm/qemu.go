@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/internal/capture"
 	"github.com/moatsandbox/moat/internal/egress"
 )
@@ -34,6 +35,12 @@ type QEMU struct {
 	// called once the process is gone: each VM has a uid of its own. Nil
 	// means QEMU runs as moat's own user (root): only the KVM probe does.
 	Credentials func() (uid, gid int, groups []uint32, release func(), err error)
+	// SharedRAM: this QEMU's memory-backend-file takes readonly=on (QEMU
+	// 8.2 and later; Debian 12's 7.2 does not), so that VMs restored from
+	// one saved state can map its RAM file copy-on-write and share its
+	// pages (see VMSpec.RAM). Every VM then has its memory as the object
+	// "ram" and migrates with x-ignore-shared.
+	SharedRAM bool
 	// Tag marks every QEMU process in its command line (-name), so that
 	// leftovers can be found: "moat-vm:OWNER:ID", OWNER being the owner id
 	// of package owner.
@@ -53,16 +60,22 @@ type qemuVM struct {
 	console chan struct{} // closed when the console's copier is done
 	exited  chan struct{}
 	waitErr error
+	// sharedRAM: the VM's memory is the object "ram" (QEMU.SharedRAM);
+	// saveIgnoreShared: it is a file mapped shared, which Save leaves out
+	// of the stream.
+	sharedRAM, saveIgnoreShared bool
 
 	killOnce sync.Once
 }
 
-// Descriptors QEMU inherits: the agent's port, the monitor, and one more
-// (the console's socket for a boot, the state for a restore).
+// Descriptors QEMU inherits: the agent's port, the monitor, one more
+// (the console's socket for a boot, the state for a restore) and, with
+// VMSpec.RAM, the RAM file.
 const (
 	fdAgent = 3
 	fdQMP   = 4
 	fdExtra = 5
+	fdRAM   = 6
 )
 
 // args returns QEMU's command line for spec.
@@ -100,6 +113,14 @@ func (q *QEMU) args(spec VMSpec, tag string) []string {
 		}
 		spawn, elevate = "allow", "allow"
 	}
+	if q.SharedRAM {
+		// The guest's memory is the object "ram": a file (by the
+		// descriptor moat opened, which QEMU reopens through /proc with
+		// the access asked for) or, without VMSpec.RAM, anonymous memory.
+		// With x-ignore-shared a migration leaves a shared file's RAM out
+		// of the stream (both sides must have it).
+		machine += ",memory-backend=ram"
+	}
 	a := []string{"-name", tag, "-nodefaults", "-no-user-config", "-display", "none"}
 	a = append(a, nic...)
 	a = append(a,
@@ -124,7 +145,25 @@ func (q *QEMU) args(spec VMSpec, tag string) []string {
 	} else {
 		a = append(a, "-chardev", "null,id=con", "-serial", "chardev:con")
 	}
-	if spec.Restore != "" {
+	if q.SharedRAM {
+		obj := "memory-backend-ram,id=ram,size=" + mem
+		switch {
+		case spec.RAM != "" && spec.RAMWritable:
+			obj = "memory-backend-file,id=ram,size=" + mem + ",mem-path=/proc/self/fd/" + strconv.Itoa(fdRAM) + ",share=on"
+		case spec.RAM != "":
+			obj = "memory-backend-file,id=ram,size=" + mem + ",mem-path=/proc/self/fd/" + strconv.Itoa(fdRAM) + ",share=off,readonly=on,rom=off"
+		}
+		a = append(a, "-object", obj)
+	}
+	if spec.Frozen {
+		a = append(a, "-S")
+	}
+	switch {
+	case spec.Restore != "" && q.SharedRAM:
+		// x-ignore-shared is set over QMP before the migration starts
+		// (QEMU 10 has no -global for it): see Start.
+		a = append(a, "-incoming", "defer")
+	case spec.Restore != "":
 		a = append(a, "-incoming", "fd:"+strconv.Itoa(fdExtra))
 	}
 	return a
@@ -175,12 +214,16 @@ func (q *QEMU) Start(ctx context.Context, spec VMSpec) (VM, error) {
 		vm.release()
 		return nil, err
 	}
+	if spec.RAM != "" && !q.SharedRAM {
+		return fail(fmt.Errorf("microvm: %s cannot map a RAM file read-only: %w", q.Name(), moat.ErrUnavailable))
+	}
 	cmd := exec.Command(q.Binary, q.args(spec, tag)...)
 	cmd.Env = []string{}
 	cmd.Dir = "/"
 	cmd.Stdout = vm.stderr
 	cmd.Stderr = vm.stderr
 	cmd.ExtraFiles = []*os.File{agentVM, qmpVM}
+	var closeAfterStart *os.File // the console's end: its copier ends at QEMU's exit
 	if spec.Restore != "" {
 		// QEMU reads the state from a descriptor moat opened: the VM's uid
 		// needs no access to the template.
@@ -190,12 +233,25 @@ func (q *QEMU) Start(ctx context.Context, spec VMSpec) (VM, error) {
 		}
 		defer state.Close()
 		cmd.ExtraFiles = append(cmd.ExtraFiles, state)
+		if spec.RAM != "" && !spec.RAMWritable {
+			// Opened with the state, read-only: a template pruned
+			// meanwhile is still whole for this VM, and the VM's uid
+			// reopens it (through /proc) read-only or not at all, the
+			// file being root's, mode 0444.
+			ram, err := openRAM(spec.RAM)
+			if err != nil {
+				return fail(err)
+			}
+			defer ram.Close()
+			cmd.ExtraFiles = append(cmd.ExtraFiles, ram)
+		}
 	} else if spec.Console != nil {
 		conHost, conVM, err := socketPair()
 		if err != nil {
 			return fail(err)
 		}
 		defer conVM.Close()
+		closeAfterStart = conVM
 		cmd.ExtraFiles = append(cmd.ExtraFiles, conVM)
 		vm.console = make(chan struct{})
 		go func() {
@@ -205,12 +261,14 @@ func (q *QEMU) Start(ctx context.Context, spec VMSpec) (VM, error) {
 		}()
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	ramUID, ramGID := 0, 0
 	if q.Credentials != nil {
 		uid, gid, groups, release, err := q.Credentials()
 		if err != nil {
 			return fail(err)
 		}
 		vm.release = release
+		ramUID, ramGID = uid, gid
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: groups}
 		if spec.Net != nil {
 			// What QEMU's user network spawns runs as the VM's uid and
@@ -223,10 +281,24 @@ func (q *QEMU) Start(ctx context.Context, spec VMSpec) (VM, error) {
 			}
 		}
 	}
+	if spec.RAM != "" && spec.RAMWritable {
+		ram, err := createRAM(spec.RAM, ramUID, ramGID)
+		if err != nil {
+			return fail(err)
+		}
+		defer ram.Close()
+		if len(cmd.ExtraFiles) == fdExtra-fdAgent {
+			cmd.ExtraFiles = append(cmd.ExtraFiles, nil) // no descriptor 5
+		}
+		cmd.ExtraFiles = append(cmd.ExtraFiles, ram)
+	}
 	cmd.WaitDelay = time.Second
 	err = cmd.Start()
 	agentVM.Close() // QEMU holds its ends now: its exit closes the sockets
 	qmpVM.Close()
+	if closeAfterStart != nil {
+		closeAfterStart.Close()
+	}
 	if err != nil {
 		return fail(fmt.Errorf("microvm: start %s: %w", q.Binary, err))
 	}
@@ -246,7 +318,34 @@ func (q *QEMU) Start(ctx context.Context, spec VMSpec) (VM, error) {
 		return nil, vm.explain(err)
 	}
 	vm.mon = mon
+	if q.SharedRAM {
+		// Both sides of a migration must agree on x-ignore-shared, which
+		// changes the stream's format: it is on where the stream leaves
+		// the memory out, because it is in a file. A VM whose memory is
+		// its file, mapped shared (a template's boot, a conversion) saves
+		// with it; a VM that maps a sealed file loads with it. A session
+		// VM's memory is private, so its Save carries the memory (off),
+		// and so does the stream a conversion loads (off).
+		vm.sharedRAM = true
+		vm.saveIgnoreShared = spec.RAM != "" && spec.RAMWritable
+		if spec.Restore != "" {
+			err := vm.setIgnoreShared(mctx, spec.RAM != "" && !spec.RAMWritable)
+			if err == nil {
+				err = mon.execute(mctx, "migrate-incoming", map[string]any{"uri": "fd:" + strconv.Itoa(fdExtra)}, nil)
+			}
+			if err != nil {
+				vm.Kill()
+				return nil, vm.explain(fmt.Errorf("microvm: start: %w", err))
+			}
+		}
+	}
 	return vm, nil
+}
+
+// setIgnoreShared sets the migration capability x-ignore-shared.
+func (vm *qemuVM) setIgnoreShared(ctx context.Context, on bool) error {
+	caps := map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": on}}}
+	return vm.mon.execute(ctx, "migrate-set-capabilities", caps, nil)
 }
 
 // killUID kills every process of uid (kill -9 -1 as uid, which the
@@ -291,6 +390,11 @@ func (vm *qemuVM) Save(ctx context.Context, path string) error {
 	if err := vm.mon.execute(ctx, "stop", nil, nil); err != nil {
 		return vm.explain(err)
 	}
+	if vm.sharedRAM {
+		if err := vm.setIgnoreShared(ctx, vm.saveIgnoreShared); err != nil {
+			return vm.explain(err)
+		}
+	}
 	if err := vm.mon.executeFD(ctx, "getfd", map[string]any{"fdname": "state"}, nil, f); err != nil {
 		return vm.explain(err)
 	}
@@ -314,6 +418,44 @@ func (vm *qemuVM) Save(ctx context.Context, path string) error {
 		case <-vm.exited:
 			return vm.explain(errors.New("microvm: save: qemu exited"))
 		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// awaitIncoming waits for a Frozen restore to have loaded its state.
+func (vm *qemuVM) awaitIncoming(ctx context.Context) error {
+	for {
+		st, err := vm.mon.status(ctx)
+		if err != nil {
+			return vm.explain(err)
+		}
+		switch st {
+		case "paused", "postmigrate", "prelaunch":
+			if st != "prelaunch" {
+				return nil
+			}
+			// prelaunch: -S before the incoming migration has begun
+			// or while it runs; query-migrate tells.
+			mst, desc, err := vm.mon.migration(ctx)
+			if err != nil {
+				return vm.explain(err)
+			}
+			switch mst {
+			case "completed":
+				return nil
+			case "failed", "cancelled":
+				return vm.explain(fmt.Errorf("microvm: restore: migration %s: %s", mst, desc))
+			}
+		case "inmigrate", "restore-vm":
+		default:
+			return vm.explain(fmt.Errorf("microvm: restore: the VM is %s", st))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-vm.exited:
+			return vm.explain(errors.New("microvm: restore: qemu exited"))
+		case <-time.After(10 * time.Millisecond):
 		}
 	}
 }

@@ -139,6 +139,9 @@ func (b *backend) startVM(ctx context.Context) (VM, *vmNet, string, error) {
 // waits for the code.
 func (b *backend) restore(ctx context.Context, spec VMSpec) (VM, error) {
 	spec.Restore = filepath.Join(b.tmpl, "state")
+	if b.meta != nil && b.meta.SharedRAM {
+		spec.RAM = filepath.Join(b.tmpl, ramFile)
+	}
 	vm, err := b.vmm.Start(ctx, spec)
 	if errors.Is(err, fs.ErrNotExist) {
 		// A newer template of another sandbox superseded this one and

@@ -45,6 +45,16 @@ import (
 // (os.urandom, and so secrets, is the kernel's, reseeded);
 // TestHashSeedForks checks both.
 //
+// With QEMU.SharedRAM the state's memory is a RAM file of its own, sealed
+// (see ram.go), and vm holds the devices alone: the forks of one state map
+// it copy-on-write and share the pages none of them writes. A session VM's
+// memory is private (a copy-on-write of its template's), so its migration
+// carries it; shareState turns that stream into the two files, restoring
+// it into a converter VM (frozen: its guest never runs) whose memory is
+// the new RAM file mapped shared, and migrating that out again with
+// x-ignore-shared. The RAM file is in the engine's manifest like the
+// others: a damaged one is refused before any VM starts.
+//
 // A session with a network (Config.Egress) is not suspended with its
 // memory: its code's environment holds its proxy run's CA and secrets'
 // placeholders, which a resumed VM would need its old run for.
@@ -73,6 +83,8 @@ type savedVM struct {
 	FileOps uint64 `json:"file_ops"`
 	SaveMS  int64  `json:"save_ms"`
 	Bytes   int64  `json:"state_bytes"`
+	// SharedRAM: the memory is in ram, not in vm (see shareState).
+	SharedRAM bool `json:"shared_ram,omitempty"`
 }
 
 var (
@@ -114,16 +126,34 @@ func (ss *vmSession) SaveState(ctx context.Context, dir string) error {
 		ss.vm.Kill()
 		return fmt.Errorf("microvm: suspend: %w; the session's VM is killed: %w", err, moat.ErrClosed)
 	}
+	shared := false
+	if b.vmm.SharedRAM {
+		// The session's VM stays paused (and is still the session's)
+		// until the conversion is done.
+		if err := b.shareState(ctx, dir); err != nil {
+			ss.mu.Unlock()
+			return fmt.Errorf("microvm: suspend: %w", err)
+		}
+		shared = true
+	}
 	st, err := os.Stat(state)
 	if err == nil {
 		err = os.Chmod(state, 0o600)
 	}
 	if err == nil {
-		m := savedVM{
+		var rst os.FileInfo
+		if shared {
+			rst, err = os.Stat(filepath.Join(dir, ramFile))
+		}
+		bytes := st.Size()
+		if rst != nil {
+			bytes += rst.Size()
+		}
+		m := savedVM{SharedRAM: shared, Bytes: bytes,
 			Format: savedFormat, Template: key, VMM: b.vmm.Name(), Accel: b.spec.Accel,
 			MemoryMiB: b.spec.MemoryMiB, VCPUs: b.spec.VCPUs, Interpreter: ss.interp,
 			CPUUsedNS: int64(ss.used), FileOps: ss.ids.Load(),
-			SaveMS: time.Since(start).Milliseconds(), Bytes: st.Size(),
+			SaveMS: time.Since(start).Milliseconds(),
 		}
 		var mb []byte
 		mb, err = json.MarshalIndent(m, "", "  ")
@@ -197,6 +227,17 @@ func (b *backend) RestoreState(ctx context.Context, dir string, opts moat.Sessio
 	}
 	spec := b.spec
 	spec.Restore = filepath.Join(dir, savedStateFile)
+	if m.SharedRAM {
+		spec.RAM = filepath.Join(dir, ramFile)
+		f, err := openRAM(spec.RAM) // sealed, or refused before any VM starts
+		if err == nil {
+			err = checkRAM(f, int64(m.MemoryMiB)<<20)
+			f.Close()
+		}
+		if err != nil {
+			return nil, fmt.Errorf("microvm: resume: %w", err)
+		}
+	}
 	vm, err := b.vmm.Start(ctx, spec)
 	if err != nil {
 		return nil, err
@@ -244,4 +285,57 @@ func writeFileSync(path string, b []byte) error {
 		err = f.Sync()
 	}
 	return errors.Join(err, f.Close())
+}
+
+// shareState turns dir/vm, a stream that carries the guest's memory, into
+// the sealed RAM file dir/ram and a stream of the devices alone (see the
+// comment at the top): a converter VM, as a uid of its own and frozen,
+// loads the stream into its memory, which is dir/ram mapped shared, and is
+// migrated out with x-ignore-shared; once it is gone the file is sealed.
+func (b *backend) shareState(ctx context.Context, dir string) error {
+	stream := filepath.Join(dir, savedStateFile)
+	out := stream + ".devices"
+	ram := filepath.Join(dir, ramFile)
+	spec := b.spec
+	spec.Restore, spec.RAM, spec.RAMWritable, spec.Frozen = stream, ram, true, true
+	fail := func(err error) error {
+		os.Remove(out)
+		os.Remove(ram)
+		return fmt.Errorf("share the memory: %w", err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, time.Duration(b.cfg.BootTimeout))
+	defer cancel()
+	vm, err := b.vmm.Start(cctx, spec)
+	if err != nil {
+		return fail(err)
+	}
+	defer vm.Kill()
+	qv, ok := vm.(*qemuVM)
+	if !ok {
+		return fail(errors.New("not a qemu VM"))
+	}
+	if err := qv.awaitIncoming(cctx); err != nil {
+		return fail(err)
+	}
+	if err := vm.Save(cctx, out); err != nil {
+		return fail(err)
+	}
+	vm.Kill() // and so every process of its uid, which held the file
+	if err := sealRAM(ram, int64(spec.MemoryMiB)<<20); err != nil {
+		return fail(err)
+	}
+	if err := os.Chmod(out, 0o600); err != nil {
+		return fail(err)
+	}
+	if f, err := os.Open(out); err == nil {
+		err = f.Sync()
+		f.Close()
+		if err != nil {
+			return fail(err)
+		}
+	}
+	if err := os.Rename(out, stream); err != nil {
+		return fail(err)
+	}
+	return nil
 }

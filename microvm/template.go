@@ -21,6 +21,7 @@ import (
 // and saved: every sandbox starts as a restore of it.
 //
 //	STATE/microvm/templates/KEY/state       QEMU's migration stream
+//	STATE/microvm/templates/KEY/ram         the guest's memory (QEMU.SharedRAM)
 //	STATE/microvm/templates/KEY/meta.json   what it is and how long it took
 //	STATE/microvm/templates/KEY/console.log the boot's serial console
 //
@@ -37,6 +38,13 @@ import (
 // line, which the key leaves out; libslirp saves no guestfwd of the cmd:
 // kind, so the restored VM's is the new command line's. One of each kind
 // is kept: pruning replaces only a template of the same kind.
+//
+// With QEMU.SharedRAM the template's boot has its memory in the file ram
+// (share=on, the boot VM's uid its owner while it runs), the stream holds
+// its devices alone, and ram is then root's, 0444, synced: every VM
+// restored maps it copy-on-write and the restores share its pages (see
+// ram.go). Without (QEMU 7.2) the stream holds the memory and each
+// restore reads its own copy of it.
 
 // templateMeta is meta.json.
 type templateMeta struct {
@@ -48,9 +56,11 @@ type templateMeta struct {
 	Accel     Accel     `json:"accel"`
 	MemoryMiB int       `json:"memory_mib"`
 	VCPUs     int       `json:"vcpus"`
-	Net       bool      `json:"net,omitempty"` // booted with the egress network device
-	BootMS    int64     `json:"boot_ms"`       // QEMU start to the agent's hello
-	GuestMS   int64     `json:"guest_boot_ms"` // the guest's own clock at hello
+	Net       bool      `json:"net,omitempty"`        // booted with the egress network device
+	SharedRAM bool      `json:"shared_ram,omitempty"` // the memory is in ram, shared copy-on-write
+	RAMSHA256 string    `json:"ram_sha256,omitempty"` // hashSparse of ram
+	BootMS    int64     `json:"boot_ms"`              // QEMU start to the agent's hello
+	GuestMS   int64     `json:"guest_boot_ms"`        // the guest's own clock at hello
 	SaveMS    int64     `json:"save_ms"`
 	Size      int64     `json:"state_bytes"`
 	Created   time.Time `json:"created"`
@@ -62,6 +72,7 @@ func templateKey(vmm VMM, spec VMSpec) (string, error) {
 	fmt.Fprintf(h, "template v1\nvmm=%s\ncmdline=%s\naccel=%s\nmem=%d\nvcpus=%d\nnoacpi=%v\n",
 		vmm.Name(), spec.Cmdline, spec.Accel, spec.MemoryMiB, spec.VCPUs, spec.NoACPI)
 	if q, ok := vmm.(*QEMU); ok {
+		fmt.Fprintf(h, "shared_ram=%v\n", q.SharedRAM)
 		// The whole command line, but for what differs between runs (a
 		// VM's egress socket among them).
 		var n *NetSpec
@@ -71,12 +82,22 @@ func templateKey(vmm VMM, spec VMSpec) (string, error) {
 		fmt.Fprintf(h, "args=%q\n", q.args(VMSpec{
 			Kernel: spec.Kernel, Initrd: spec.Initrd, Disk: spec.Disk, Cmdline: spec.Cmdline,
 			MemoryMiB: spec.MemoryMiB, VCPUs: spec.VCPUs, Accel: spec.Accel, NoACPI: spec.NoACPI, Net: n,
+			RAM: templateRAM(q, "ram"), RAMWritable: true,
 		}, "tag"))
 	}
 	if err := fileKey(h, spec.Kernel, spec.Initrd, spec.Disk); err != nil {
 		return "", fmt.Errorf("microvm: template key: %w", err)
 	}
 	return hex.EncodeToString(h.Sum(nil))[:24], nil
+}
+
+// templateRAM is the RAM file a template's boot writes: path with a QEMU
+// that shares saved memory, none (anonymous memory) otherwise.
+func templateRAM(vmm VMM, path string) string {
+	if q, ok := vmm.(*QEMU); ok && q.SharedRAM {
+		return path
+	}
+	return ""
 }
 
 // bootToHello starts a fresh VM from spec and waits, at most timeout, for
@@ -161,6 +182,8 @@ func ensureTemplate(ctx context.Context, stateDir string, vmm VMM, spec VMSpec, 
 	os.Chmod(tmp, 0o755)
 	console := capture.New(256<<10, nil, nil)
 	spec.Console = console
+	ram := filepath.Join(tmp, ramFile)
+	spec.RAM, spec.RAMWritable = templateRAM(vmm, ram), true
 	start := time.Now()
 	vm, hello, err := bootToHello(ctx, vmm, spec, timeout)
 	if err != nil {
@@ -174,7 +197,16 @@ func ensureTemplate(ctx context.Context, stateDir string, vmm VMM, spec VMSpec, 
 		return "", nil, fmt.Errorf("microvm: save the template: %w", err)
 	}
 	saveMS := time.Since(saveStart).Milliseconds()
-	vm.Kill()
+	vm.Kill() // and every process of its uid, which held the RAM file
+	var ramSum string
+	if spec.RAM != "" {
+		if err := sealRAM(ram, int64(spec.MemoryMiB)<<20); err != nil {
+			return "", nil, fmt.Errorf("microvm: save the template: %w", err)
+		}
+		if ramSum, err = hashFile(ram); err != nil {
+			return "", nil, fmt.Errorf("microvm: save the template: %w", err)
+		}
+	}
 	if err := os.WriteFile(filepath.Join(tmp, "console.log"), console.Bytes(), 0o644); err != nil {
 		return "", nil, fmt.Errorf("microvm: %w", err)
 	}
@@ -184,7 +216,7 @@ func ensureTemplate(ctx context.Context, stateDir string, vmm VMM, spec VMSpec, 
 	}
 	m := &templateMeta{
 		Key: key, VMM: vmm.Name(), Kernel: hello.Kernel, Image: spec.Kernel, Disk: spec.Disk, Accel: spec.Accel,
-		MemoryMiB: spec.MemoryMiB, VCPUs: spec.VCPUs, Net: spec.Net != nil,
+		MemoryMiB: spec.MemoryMiB, VCPUs: spec.VCPUs, Net: spec.Net != nil, SharedRAM: spec.RAM != "", RAMSHA256: ramSum,
 		BootMS: bootMS, GuestMS: hello.BootMS, SaveMS: saveMS, Size: st.Size(), Created: time.Now().UTC(),
 	}
 	b, _ := json.MarshalIndent(m, "", "  ")
@@ -235,6 +267,16 @@ func readMeta(dir string) (*templateMeta, error) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "state")); err != nil {
 		return nil, err
+	}
+	if m.SharedRAM {
+		f, err := openRAM(filepath.Join(dir, ramFile))
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		if err := checkRAM(f, int64(m.MemoryMiB)<<20); err != nil {
+			return nil, err
+		}
 	}
 	return &m, nil
 }

@@ -56,6 +56,20 @@ type VMSpec struct {
 	// Restore is a state file saved by [VM.Save]. The VM starts paused
 	// from it; [VM.Resume] lets it run.
 	Restore string
+	// RAM, for a [QEMU] with SharedRAM only, is the file that holds the
+	// guest's memory; empty means anonymous memory. With RAMWritable the
+	// VM creates it (it must not exist), owned by the VM's uid, and maps
+	// it shared: its memory is the file's, and Save leaves it out of the
+	// stream (the caller seals it once the VM is gone, see sealRAM).
+	// Without, it is a sealed file (root's, 0444) that moat opens
+	// read-only and the VM maps privately, copy-on-write: the VMs of one
+	// file share the pages they do not write, and none can write it.
+	RAM         string
+	RAMWritable bool
+	// Frozen keeps a restored guest paused once the state is loaded
+	// (QEMU's -S), until Resume or Save: a state's conversion (see
+	// shareState) never runs it.
+	Frozen bool
 	// Console receives the guest's serial console, from a goroutine of the
 	// VM that ends before Kill returns. Nil means discard.
 	Console io.Writer

@@ -3,7 +3,9 @@
 #
 # Idempotent; run as root on Debian 12 (or a Debian-like system), as often as
 # you like. It:
-#   1. installs QEMU (qemu-system-x86, its microvm machine type), e2fsprogs
+#   1. installs QEMU (qemu-system-x86, its microvm machine type; from
+#      bookworm-backports on bookworm, MOAT_QEMU=debian keeps bookworm's
+#      7.2, which copies the guest's memory per VM), e2fsprogs
 #      (mkfs.ext4 -d makes the root disk) and debootstrap (to build moat's
 #      shared image);
 #   2. downloads Debian's cloud kernel package (linux-image-cloud-amd64's
@@ -38,18 +40,49 @@ die() { printf 'setup-microvm: error: %s\n' "$*" >&2; exit 1; }
 [ "$(dpkg --print-architecture)" = amd64 ] || die "the microvm level is built for amd64 hosts only"
 GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
 
-# 1. Packages.
+# 1. Packages. QEMU comes from bookworm-backports (Debian's own QEMU 10,
+# built against bookworm's libraries) where the host is bookworm: its
+# memory-backend-file takes readonly=on, which lets every VM restored from
+# one saved state map that state's RAM file copy-on-write, read-only, and
+# share its pages (the level falls back to a copy per VM with QEMU 7.2).
+export DEBIAN_FRONTEND=noninteractive
 need=()
-for p in qemu-system-x86 e2fsprogs debootstrap ca-certificates; do
+for p in e2fsprogs debootstrap ca-certificates; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
 	say "installing ${need[*]}"
-	export DEBIAN_FRONTEND=noninteractive
 	apt-get update -qq
 	apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 else
 	say "packages already installed"
+fi
+backports=/etc/apt/sources.list.d/moat-backports.sources
+qemu_from=()
+if [ "$(. /etc/os-release && echo "${VERSION_CODENAME:-}")" = bookworm ] && [ "${MOAT_QEMU:-backports}" = backports ]; then
+	if [ ! -f "$backports" ]; then
+		cat >"$backports.tmp" <<-'SRC'
+			Types: deb
+			URIs: http://deb.debian.org/debian
+			Suites: bookworm-backports
+			Components: main
+			Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+		SRC
+		mv "$backports.tmp" "$backports"
+		apt-get update -qq
+	fi
+	qemu_from=(-t bookworm-backports)
+fi
+qemu_want=$(apt-cache policy "${qemu_from[@]}" qemu-system-x86 2>/dev/null | awk '/Candidate:/ {print $2}')
+if [ -z "$qemu_want" ] || [ "$qemu_want" = "(none)" ]; then
+	apt-get update -qq
+	qemu_want=$(apt-cache policy "${qemu_from[@]}" qemu-system-x86 | awk '/Candidate:/ {print $2}')
+fi
+if [ "$(dpkg-query -W -f='${Status} ${Version}' qemu-system-x86 2>/dev/null)" = "install ok installed $qemu_want" ]; then
+	say "qemu-system-x86 $qemu_want already installed"
+else
+	say "installing qemu-system-x86 $qemu_want ${qemu_from[*]}"
+	apt-get install -y -qq --no-install-recommends "${qemu_from[@]}" qemu-system-x86 >/dev/null
 fi
 say "qemu: $(qemu-system-x86_64 --version | head -1)"
 

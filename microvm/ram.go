@@ -1,0 +1,222 @@
+package microvm
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/moatsandbox/moat"
+)
+
+// lseek's whence values for sparse files (Linux).
+const (
+	seekData = 3
+	seekHole = 4
+)
+
+// Guest memory shared copy-on-write. With a QEMU whose memory-backend-file
+// takes readonly=on (QEMU.SharedRAM), a saved VM is two files: its RAM,
+// a sparse file of the guest's memory size, and a migration stream of its
+// devices alone. The VM that is saved had the RAM file mapped shared
+// (share=on) and so wrote its memory into it; its migration, with
+// x-ignore-shared, leaves that RAM out of the stream. Once the VM is gone
+// the file becomes root's, mode 0444, synced, and no VM uid can write it
+// again. Every VM restored from it gets the file as a descriptor moat
+// opened read-only and maps it share=off,readonly=on,rom=off: private,
+// copy-on-write. The pages it only reads are the page cache's, one copy
+// for every VM of that state; the pages it writes are its own. A VM never
+// writes the file: its descriptor and its reopening through /proc are
+// read-only, the kernel refusing a write open of a 0444 root file to
+// any other uid.
+
+// ramFile is the RAM file's name in a template's or a saved state's
+// directory.
+const ramFile = "ram"
+
+// qemuSharedRAM says whether bin's memory-backend-file takes readonly and
+// rom (QEMU 8.2 and later), which a copy-on-write mapping of a read-only
+// file needs.
+func qemuSharedRAM(ctx context.Context, bin string) bool {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "-object", "memory-backend-file,help")
+	cmd.Env = []string{}
+	out, _ := cmd.CombinedOutput()
+	var ro, rom bool
+	for _, l := range strings.Split(string(out), "\n") {
+		l = strings.TrimSpace(l)
+		ro = ro || strings.HasPrefix(l, "readonly=")
+		rom = rom || strings.HasPrefix(l, "rom=")
+	}
+	return ro && rom
+}
+
+// createRAM creates the RAM file of a VM that writes it (a template's
+// boot, a state's conversion), owned by uid while the VM runs.
+func createRAM(path string, uid, gid int) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("microvm: ram file: %w", err)
+	}
+	if err := f.Chown(uid, gid); err != nil {
+		f.Close()
+		os.Remove(path)
+		return nil, fmt.Errorf("microvm: ram file: %w", err)
+	}
+	return f, nil
+}
+
+// sealRAM makes the RAM file that a VM, now gone, wrote root's and
+// read-only for everyone (0444), and syncs it. The caller has killed
+// every process of the VM's uid: none holds a descriptor of it.
+func sealRAM(path string, size int64) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("microvm: ram file: %w", err)
+	}
+	defer f.Close()
+	err = f.Chown(0, 0)
+	if err == nil {
+		err = f.Chmod(0o444)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if err != nil {
+		return fmt.Errorf("microvm: ram file: %w", err)
+	}
+	return checkRAM(f, size)
+}
+
+// openRAM opens a sealed RAM file for a restore, read-only, and checks
+// that it is still sealed: a regular file of root's, mode 0444, one link.
+//
+// A copy of a suspended state (a server's snapshot) holds it as root's
+// 0600: that is sealed too, and made 0444 here, which the VM's uid needs
+// to reopen it read-only (its directory stays root's alone).
+func openRAM(path string) (*os.File, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("microvm: restore: %w", err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err == nil &&
+		st.Mode&syscall.S_IFMT == syscall.S_IFREG && st.Uid == 0 && st.Gid == 0 && st.Mode&0o7777 == 0o600 && st.Nlink == 1 {
+		f.Chmod(0o444)
+	}
+	if err := checkRAM(f, -1); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// checkRAM refuses, with moat.ErrInvalid, a RAM file that any uid but
+// root's could write or that is not size bytes long (size < 0: any).
+func checkRAM(f *os.File, size int64) error {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		return fmt.Errorf("microvm: ram file: %w", err)
+	}
+	switch {
+	case st.Mode&syscall.S_IFMT != syscall.S_IFREG:
+		return fmt.Errorf("microvm: ram file %s is not a regular file: %w", f.Name(), moat.ErrInvalid)
+	case st.Uid != 0 || st.Gid != 0 || st.Mode&0o7777 != 0o444 || st.Nlink != 1:
+		return fmt.Errorf("microvm: ram file %s is not root's and read-only (uid %d, gid %d, mode %o, %d links): %w",
+			f.Name(), st.Uid, st.Gid, st.Mode&0o7777, st.Nlink, moat.ErrInvalid)
+	case size >= 0 && st.Size != size:
+		return fmt.Errorf("microvm: ram file %s holds %d bytes, the guest's memory is %d: %w", f.Name(), st.Size, size, moat.ErrInvalid)
+	}
+	return nil
+}
+
+// hashSparse returns the SHA-256 of a sparse file's extents map and data,
+// reading only its data extents (SEEK_DATA, SEEK_HOLE): a RAM file is
+// mostly holes, which read as zeros, and the digest of (offset, length,
+// bytes) for each extent plus the size identifies the same bytes. A file
+// system without SEEK_DATA reads the whole file as one extent.
+func hashSparse(f *os.File) (string, error) {
+	st, err := f.Stat()
+	if err != nil {
+		return "", err
+	}
+	size := st.Size()
+	h := sha256.New()
+	fmt.Fprintf(h, "sparse v1 size=%d\n", size)
+	fd := int(f.Fd())
+	buf := make([]byte, 1<<20)
+	for off := int64(0); off < size; {
+		data, err := syscall.Seek(fd, off, seekData)
+		if errors.Is(err, syscall.ENXIO) {
+			break // holes to the end
+		}
+		if err != nil {
+			return "", err
+		}
+		hole, err := syscall.Seek(fd, data, seekHole)
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(h, "extent %d %d\n", data, hole-data)
+		if _, err := io.CopyBuffer(h, io.NewSectionReader(f, data, hole-data), buf); err != nil {
+			return "", err
+		}
+		off = hole
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// hashFile is hashSparse of the file at path.
+func hashFile(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	return hashSparse(f)
+}
+
+// verified remembers the RAM files whose digest this process checked, by
+// path, inode and change time: a sealed file does not change.
+var verified sync.Map
+
+// verifyRAM checks that the RAM file at path is sealed, size bytes long,
+// and has the digest sum (hashSparse), once per process and file: a
+// damaged or replaced file is refused with moat.ErrInvalid before any VM
+// maps it.
+func verifyRAM(path string, size int64, sum string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("microvm: ram file: %w", err)
+	}
+	defer f.Close()
+	if err := checkRAM(f, size); err != nil {
+		return err
+	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		return fmt.Errorf("microvm: ram file: %w", err)
+	}
+	id := fmt.Sprintf("%s\x00%d\x00%d\x00%d.%d", path, st.Ino, st.Dev, st.Ctim.Sec, st.Ctim.Nsec)
+	if v, ok := verified.Load(id); ok && v == sum {
+		return nil
+	}
+	got, err := hashSparse(f)
+	if err != nil {
+		return fmt.Errorf("microvm: ram file: %w", err)
+	}
+	if got != sum {
+		return fmt.Errorf("microvm: ram file %s is damaged (sha-256 %s, recorded %s): %w", path, got, sum, moat.ErrInvalid)
+	}
+	verified.Store(id, sum)
+	return nil
+}
