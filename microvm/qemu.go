@@ -232,6 +232,9 @@ func (q *QEMU) Start(ctx context.Context, spec VMSpec) (VM, error) {
 			return fail(fmt.Errorf("microvm: restore: %w", err))
 		}
 		defer state.Close()
+		if err := checkVersion(state, spec.stateID); err != nil {
+			return fail(err)
+		}
 		cmd.ExtraFiles = append(cmd.ExtraFiles, state)
 		if spec.RAM != "" && !spec.RAMWritable {
 			// Opened with the state, read-only: a template pruned
@@ -243,6 +246,9 @@ func (q *QEMU) Start(ctx context.Context, spec VMSpec) (VM, error) {
 				return fail(err)
 			}
 			defer ram.Close()
+			if err := checkVersion(ram, spec.ramID); err != nil {
+				return fail(err)
+			}
 			cmd.ExtraFiles = append(cmd.ExtraFiles, ram)
 		}
 	} else if spec.Console != nil {
@@ -286,7 +292,16 @@ func (q *QEMU) Start(ctx context.Context, spec VMSpec) (VM, error) {
 		if err != nil {
 			return fail(err)
 		}
-		defer ram.Close()
+		// The file is the VM's uid's while the VM runs, and root's again
+		// before that uid goes back to the pool: the next VM of it (any
+		// sandbox's) must not open it for writing before the caller
+		// seals it, nor ever after (see reclaimRAM).
+		release := vm.release
+		vm.release = func() {
+			reclaimRAM(ram)
+			ram.Close()
+			release()
+		}
 		if len(cmd.ExtraFiles) == fdExtra-fdAgent {
 			cmd.ExtraFiles = append(cmd.ExtraFiles, nil) // no descriptor 5
 		}

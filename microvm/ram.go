@@ -75,6 +75,19 @@ func createRAM(path string, uid, gid int) (*os.File, error) {
 	return f, nil
 }
 
+// reclaimRAM makes a RAM file that createRAM gave to a VM's uid root's,
+// mode 0400, through moat's own descriptor of it, once that VM is gone
+// and before its uid is released: from then on no process of that uid
+// (the next VM to lease it) can open it. 0400 is neither sealed form
+// (0444, or a state's copy at 0600, see openRAM): only sealRAM makes it
+// one. A file that cannot be taken back is emptied, so that sealRAM
+// refuses it.
+func reclaimRAM(f *os.File) {
+	if f.Chown(0, 0) != nil || f.Chmod(0o400) != nil {
+		f.Truncate(0)
+	}
+}
+
 // sealRAM makes the RAM file that a VM, now gone, wrote root's and
 // read-only for everyone (0444), and syncs it. The caller has killed
 // every process of the VM's uid: none holds a descriptor of it.
@@ -185,38 +198,84 @@ func hashFile(path string) (string, error) {
 	return hashSparse(f)
 }
 
-// verified remembers the RAM files whose digest this process checked, by
-// path, inode and change time: a sealed file does not change.
+// verified remembers the files whose digest this process checked, by
+// path and fileVersion: a sealed file does not change.
 var verified sync.Map
 
+// fileVersion identifies one version of a file: another file under its
+// name, a write (its modification time), a truncation or growth, a hole
+// punched, a change of owner, mode or links (its change time) all make
+// another.
+type fileVersion struct {
+	dev, ino     uint64
+	size         int64
+	mtime, ctime syscall.Timespec
+}
+
+func versionOf(f *os.File) (fileVersion, error) {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		return fileVersion{}, fmt.Errorf("microvm: %w", err)
+	}
+	return fileVersion{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}, nil
+}
+
+// checkVersion refuses, with moat.ErrInvalid, a file opened for a VM that is
+// not the version of it that was verified (want; nil: not checked). It is
+// one fstat of the descriptor QEMU gets: a change after the digest was
+// taken (verifyRAM, verifyDigest) is refused before QEMU starts, without a
+// digest per VM.
+func checkVersion(f *os.File, want *fileVersion) error {
+	if want == nil {
+		return nil
+	}
+	got, err := versionOf(f)
+	if err != nil {
+		return err
+	}
+	if got != *want {
+		return fmt.Errorf("microvm: %s changed since its digest was checked: %w", f.Name(), moat.ErrInvalid)
+	}
+	return nil
+}
+
 // verifyRAM checks that the RAM file at path is sealed, size bytes long,
-// and has the digest sum (hashSparse), once per process and file: a
-// damaged or replaced file is refused with moat.ErrInvalid before any VM
-// maps it.
-func verifyRAM(path string, size int64, sum string) error {
+// and has the digest sum (hashSparse), once per process and file version,
+// and returns the version checked: a damaged or replaced file is refused
+// with moat.ErrInvalid before any VM maps it.
+func verifyRAM(path string, size int64, sum string) (fileVersion, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return fmt.Errorf("microvm: ram file: %w", err)
+		return fileVersion{}, fmt.Errorf("microvm: ram file: %w", err)
 	}
 	defer f.Close()
 	if err := checkRAM(f, size); err != nil {
-		return err
+		return fileVersion{}, err
 	}
-	var st syscall.Stat_t
-	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
-		return fmt.Errorf("microvm: ram file: %w", err)
+	return verifyDigest(f, sum)
+}
+
+// verifyDigest checks that f has the digest sum (hashSparse), once per
+// process and file version, and returns the version checked.
+func verifyDigest(f *os.File, sum string) (fileVersion, error) {
+	id, err := versionOf(f)
+	if err != nil {
+		return fileVersion{}, err
 	}
-	id := fmt.Sprintf("%s\x00%d\x00%d\x00%d.%d", path, st.Ino, st.Dev, st.Ctim.Sec, st.Ctim.Nsec)
-	if v, ok := verified.Load(id); ok && v == sum {
-		return nil
+	key := fmt.Sprintf("%s\x00%v", f.Name(), id)
+	if v, ok := verified.Load(key); ok && v == sum {
+		return id, nil
+	}
+	if sum == "" {
+		return fileVersion{}, fmt.Errorf("microvm: %s has no recorded digest: %w", f.Name(), moat.ErrInvalid)
 	}
 	got, err := hashSparse(f)
 	if err != nil {
-		return fmt.Errorf("microvm: ram file: %w", err)
+		return fileVersion{}, fmt.Errorf("microvm: %s: %w", f.Name(), err)
 	}
 	if got != sum {
-		return fmt.Errorf("microvm: ram file %s is damaged (sha-256 %s, recorded %s): %w", path, got, sum, moat.ErrInvalid)
+		return fileVersion{}, fmt.Errorf("microvm: %s is damaged (sha-256 %s, recorded %s): %w", f.Name(), got, sum, moat.ErrInvalid)
 	}
-	verified.Store(id, sum)
-	return nil
+	verified.Store(key, sum)
+	return id, nil
 }
