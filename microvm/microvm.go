@@ -241,9 +241,11 @@ type backend struct {
 	note   string // the accelerator, in short, for each Result
 	tmpl   string // the template's directory, unless cold
 	meta   *templateMeta
-	maxVMs int
-	agent  string // the guest agent's binary, also the egress pipe
-	log    *slog.Logger
+	// tmplFiles: the template's files as their digests were checked.
+	tmplFiles *templateFiles
+	maxVMs    int
+	agent     string // the guest agent's binary, also the egress pipe
+	log       *slog.Logger
 	// takeReady is the engine's Sandbox.TakeReady, set once the engine is
 	// made: a new session's VM comes from the pool when one is ready.
 	takeReady func() (engine.Instance, bool)
@@ -288,12 +290,9 @@ func New(cfg Config) (*Sandbox, error) {
 		if err != nil {
 			return nil, unavailable("cannot boot the template VM", "see the error; "+setupRemedy, err)
 		}
-		if meta.SharedRAM {
-			if err := verifyRAM(filepath.Join(dir, ramFile), int64(meta.MemoryMiB)<<20, meta.RAMSHA256); err != nil {
-				return nil, unavailable("the template's memory file is damaged: remove "+dir+" to make it again", "", err)
-			}
+		if err := b.useTemplate(dir, meta); err != nil {
+			return nil, unavailable("the template is damaged: remove "+dir+" to make it again", "", err)
 		}
-		b.tmpl, b.meta = dir, meta
 		log.Info("microvm: template", "dir", dir, "boot_ms", meta.BootMS, "save_ms", meta.SaveMS, "bytes", meta.Size, "took", time.Since(start))
 	}
 	e, err := engine.New(engine.Config{

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/internal/engine"
 	"github.com/moatsandbox/moat/microvm/internal/wire"
 )
@@ -138,17 +139,29 @@ func (b *backend) startVM(ctx context.Context) (VM, *vmNet, string, error) {
 // restore starts a VM of spec from the template and lets it run: its agent
 // waits for the code.
 func (b *backend) restore(ctx context.Context, spec VMSpec) (VM, error) {
+	if b.tmplFiles == nil {
+		return nil, fmt.Errorf("microvm: restore: no verified template: %w", moat.ErrInvalid)
+	}
 	spec.Restore = filepath.Join(b.tmpl, "state")
 	if b.meta != nil && b.meta.SharedRAM {
 		spec.RAM = filepath.Join(b.tmpl, ramFile)
 	}
+	// Start refuses files other than those verified (useTemplate).
+	spec.stateID, spec.ramID = b.tmplFiles.get()
 	vm, err := b.vmm.Start(ctx, spec)
 	if errors.Is(err, fs.ErrNotExist) {
 		// A newer template of another sandbox superseded this one and
 		// removed it (see pruneTemplates): make it again.
-		if _, _, err := ensureTemplate(ctx, b.cfg.StateDir, b.vmm, b.spec, time.Duration(b.cfg.BootTimeout)); err != nil {
+		dir, meta, err := ensureTemplate(ctx, b.cfg.StateDir, b.vmm, b.spec, time.Duration(b.cfg.BootTimeout))
+		if err != nil {
 			return nil, err
 		}
+		state, ram, err := verifyTemplate(dir, meta)
+		if err != nil {
+			return nil, err
+		}
+		b.tmplFiles.set(state, ram)
+		spec.stateID, spec.ramID = state, ram
 		vm, err = b.vmm.Start(ctx, spec)
 	}
 	if err != nil {
