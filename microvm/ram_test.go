@@ -295,3 +295,153 @@ func TestRAMFileChecked(t *testing.T) {
 		t.Errorf("openRAM of a file with two links: %v, want ErrInvalid", err)
 	}
 }
+
+// The forks of one suspended state share its memory file copy-on-write
+// and nothing writable: a fork that overwrites a 50 MiB array leaves its
+// sibling's, a later fork's and the state's file as they were. The host
+// memory (sum of the QEMUs' Pss) of N forks is less than that of N fresh
+// sessions holding the same array.
+func TestForksShareMemory(t *testing.T) {
+	sb := open(t, noPool(t), moat.Limits{})
+	requireSharedRAM(t, sb)
+	ctx := context.Background()
+	opts := moat.SessionOptions{Interpreter: true}
+	const fill = "data = bytearray(b'p') * (50 << 20)\nprint(len(data))"
+	const count = "print(data.count(b'A'), data.count(b'p'))"
+	const want = "0 52428800\n"
+	mib := func(b int64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
+
+	parent, err := sb.NewSession(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer parent.Close()
+	runOK(t, parent, fill)
+	start := time.Now()
+	dir, info := suspendOne(t, parent)
+	suspend := time.Since(start)
+	vmDir := filepath.Join(dir, "state") // the engine's directory for the backend
+	ram := filepath.Join(vmDir, ramFile)
+	st, err := os.Stat(ram)
+	if err != nil {
+		t.Fatalf("the state has no RAM file: %v", err)
+	}
+	if st.Mode().Perm() != 0o444 || st.Sys().(*syscall.Stat_t).Uid != 0 {
+		t.Errorf("%s is %v, uid %d: want root's, 0444", ram, st.Mode(), st.Sys().(*syscall.Stat_t).Uid)
+	}
+	stream, err := os.Stat(filepath.Join(vmDir, savedStateFile))
+	if err != nil || stream.Size() > 8<<20 {
+		t.Errorf("the state's stream holds the memory (%v bytes, %v)", stream.Size(), err)
+	}
+	sumBefore, err := hashFile(ram)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	const N = 5
+	var forks []moat.Session
+	start = time.Now()
+	for range N {
+		f := resumeOne(t, sb, dir)
+		if out := runOK(t, f, count); out != want {
+			t.Fatalf("a fork's array: %q, want %q", out, want)
+		}
+		forks = append(forks, f)
+	}
+	resumeEach := time.Since(start) / N
+	nf, frss, fpss := qemuMemory(t)
+	var shared int64
+	for _, p := range listVMs() {
+		m := smapsOf(t, p.pid, ram)
+		shared += m.sharedClean
+	}
+	if shared <= 0 {
+		t.Errorf("the forks share no page of %s", ram)
+	}
+	// Isolation: fork 0 overwrites the array; its sibling and a new fork
+	// of the state still see the parent's bytes, and the file is as it
+	// was.
+	if out := runOK(t, forks[0], "data[:] = b'A' * len(data)\n"+count); out != "52428800 0\n" {
+		t.Fatalf("the writing fork: %q", out)
+	}
+	if out := runOK(t, forks[1], count); out != want {
+		t.Errorf("a sibling of the fork that wrote sees %q, want %q", out, want)
+	}
+	later := resumeOne(t, sb, dir)
+	if out := runOK(t, later, count); out != want {
+		t.Errorf("a fork made after another wrote sees %q, want %q", out, want)
+	}
+	later.Close()
+	if sum, err := hashFile(ram); err != nil || sum != sumBefore {
+		t.Errorf("the state's RAM file changed under its forks (%v)", err)
+	}
+	for _, f := range forks {
+		f.Close()
+	}
+
+	var fresh []moat.Session
+	for range N {
+		s, err := sb.NewSession(ctx, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fresh = append(fresh, s)
+		runOK(t, s, fill)
+		if out := runOK(t, s, count); out != want {
+			t.Fatalf("a fresh session's array: %q", out)
+		}
+	}
+	ns, srss, spss := qemuMemory(t)
+	for _, s := range fresh {
+		s.Close()
+	}
+	t.Logf("accel %s (TCG is emulation): suspend %v (%s on disk, ram file %s apparent); resume + first run per fork %v",
+		sb.Accel(), suspend.Round(time.Millisecond), mib(info.Bytes), mib(st.Size()), resumeEach.Round(time.Millisecond))
+	t.Logf("host memory, a 50 MiB bytearray each: %d forks of one state Rss %s Pss %s (Shared_Clean of the ram file %s); %d fresh sessions Rss %s Pss %s",
+		nf, mib(frss), mib(fpss), mib(shared<<10), ns, mib(srss), mib(spss))
+	if nf != N || ns != N {
+		t.Fatalf("counted %d and %d QEMUs, want %d", nf, ns, N)
+	}
+	if fpss >= spss {
+		t.Errorf("%d forks of one state use %s (Pss), no less than %d fresh sessions' %s: they share nothing", N, mib(fpss), N, mib(spss))
+	}
+}
+
+// With SharedRAM the guest's memory is the object "ram": a template's boot
+// maps its file shared, a restore read-only and private, by the descriptor
+// moat passes, and the restore's migration is set up over QMP; without
+// (QEMU 7.2), the command line is as it was.
+func TestQEMUArgsSharedRAM(t *testing.T) {
+	spec := VMSpec{Kernel: "/k", Initrd: "/i", Disk: "/d", Cmdline: "c", MemoryMiB: 512, VCPUs: 1, Accel: AccelTCG}
+	for _, c := range []struct {
+		name   string
+		shared bool
+		mod    func(*VMSpec)
+		want   []string
+		not    []string
+	}{
+		{"7.2 restore", false, func(s *VMSpec) { s.Restore = "/s" }, []string{"-incoming\x00fd:5", "-m\x00512M"}, []string{"memory-backend", "-S"}},
+		{"boot", true, func(s *VMSpec) { s.RAM, s.RAMWritable = "/r", true },
+			[]string{"memory-backend=ram", "memory-backend-file,id=ram,size=512M,mem-path=/proc/self/fd/6,share=on"}, []string{"share=off", "-incoming", "/r"}},
+		{"restore", true, func(s *VMSpec) { s.Restore, s.RAM = "/s", "/r" },
+			[]string{"mem-path=/proc/self/fd/6,share=off,readonly=on,rom=off", "-incoming\x00defer"}, []string{"share=on", "fd:5", "/r"}},
+		{"conversion", true, func(s *VMSpec) { s.Restore, s.RAM, s.RAMWritable, s.Frozen = "/s", "/r", true, true },
+			[]string{"share=on", "-S", "-incoming\x00defer"}, []string{"share=off"}},
+		{"anonymous", true, func(s *VMSpec) { s.Restore = "/s" }, []string{"memory-backend-ram,id=ram,size=512M"}, []string{"memory-backend-file"}},
+	} {
+		q := &QEMU{Binary: "/q", Version: "x", SharedRAM: c.shared}
+		s := spec
+		c.mod(&s)
+		args := strings.Join(q.args(s, "tag"), "\x00")
+		for _, w := range c.want {
+			if !strings.Contains(args, w) {
+				t.Errorf("%s: the command line lacks %q: %q", c.name, w, args)
+			}
+		}
+		for _, bad := range c.not {
+			if strings.Contains(args, bad) {
+				t.Errorf("%s: the command line holds %q: %q", c.name, bad, args)
+			}
+		}
+	}
+}
