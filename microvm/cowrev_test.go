@@ -249,3 +249,36 @@ func TestTemplateChangedAfterVerifyRefused(t *testing.T) {
 		})
 	}
 }
+
+// A descriptor that moat's process holds without close-on-exec (one its
+// parent left it, or a library opened with a raw open) is not the VM's:
+// QEMU, as a uid of its own, must not get a root-only file through it.
+func TestInheritedDescriptorNotTheVMs(t *testing.T) {
+	parallel(t)
+	sb := shared(t)
+	path := filepath.Join(t.TempDir(), "root-only")
+	if err := os.WriteFile(path, []byte("moat's\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := syscall.Open(path, syscall.O_WRONLY|syscall.O_APPEND, 0) // no O_CLOEXEC
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fd)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	vm, err := sb.b.restore(ctx, sb.b.spec)
+	if err != nil {
+		t.Fatalf("restore: %v", err)
+	}
+	defer vm.Kill()
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", vm.Pid()))
+	if err != nil || len(ents) == 0 {
+		t.Fatalf("the control failed: no descriptors of qemu %d (%v)", vm.Pid(), err)
+	}
+	for _, e := range ents {
+		if target, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", vm.Pid(), e.Name())); target == path {
+			t.Errorf("qemu %d (uid %d) holds %s, moat's descriptor %d, as its %s", vm.Pid(), uidOf(t, vm.Pid()), path, fd, e.Name())
+		}
+	}
+}

@@ -18,6 +18,7 @@ import (
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/internal/capture"
 	"github.com/moatsandbox/moat/internal/egress"
+	"golang.org/x/sys/unix"
 )
 
 // QEMU is the [VMM] built on qemu-system-x86_64's microvm machine type:
@@ -308,6 +309,12 @@ func (q *QEMU) Start(ctx context.Context, spec VMSpec) (VM, error) {
 		cmd.ExtraFiles = append(cmd.ExtraFiles, ram)
 	}
 	cmd.WaitDelay = time.Second
+	// os/exec hands the child every descriptor not marked close-on-exec,
+	// not only ExtraFiles: one that moat's parent left it, or that a
+	// library opened with a raw open(2), would be QEMU's, as the VM's uid.
+	if err := closeOnExecFrom(3); err != nil {
+		return fail(fmt.Errorf("microvm: start: cannot mark moat's descriptors close-on-exec: %w: %w", err, moat.ErrUnavailable))
+	}
 	err = cmd.Start()
 	agentVM.Close() // QEMU holds its ends now: its exit closes the sockets
 	qmpVM.Close()
@@ -361,6 +368,26 @@ func (q *QEMU) Start(ctx context.Context, spec VMSpec) (VM, error) {
 func (vm *qemuVM) setIgnoreShared(ctx context.Context, on bool) error {
 	caps := map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": on}}}
 	return vm.mon.execute(ctx, "migrate-set-capabilities", caps, nil)
+}
+
+// closeOnExecFrom marks every descriptor of this process from first on
+// close-on-exec (ExtraFiles are dup2'ed into the child all the same).
+func closeOnExecFrom(first int) error {
+	err := unix.CloseRange(uint(first), ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
+	if err == nil || !(errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EINVAL)) {
+		return err
+	}
+	// Before Linux 5.11: one at a time.
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd >= first {
+			unix.CloseOnExec(fd)
+		}
+	}
+	return nil
 }
 
 // killUID kills every process of uid (kill -9 -1 as uid, which the
