@@ -282,3 +282,47 @@ func TestInheritedDescriptorNotTheVMs(t *testing.T) {
 		}
 	}
 }
+
+// VMs share saved memory only where QEMU maps a memory file read-only
+// (its memory-backend-file has readonly and rom: QEMU 8.2 and later) and
+// the kernel protects hard links; elsewhere (QEMU 7.2, or
+// fs.protected_hardlinks 0) each VM copies it, and says why.
+func TestRAMSharingNeeds(t *testing.T) {
+	dir := t.TempDir()
+	fake := func(name string, opts ...string) string {
+		p := filepath.Join(dir, name)
+		script := "#!/bin/sh\necho 'memory-backend-file options:'\n"
+		for _, o := range opts {
+			script += "echo '  " + o + "'\n"
+		}
+		if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	q10 := fake("qemu-10", "mem-path=<string>", "readonly=<bool>", "rom=<OnOffAuto>        - Whether to create Read Only Memory (ROM)", "share=<bool>")
+	q72 := fake("qemu-7.2", "mem-path=<string>", "readonly=<bool>", "share=<bool>")
+	sysctl := filepath.Join(dir, "protected_hardlinks")
+	old := protectedHardlinks
+	protectedHardlinks = sysctl
+	defer func() { protectedHardlinks = old }()
+	ctx := context.Background()
+	for _, c := range []struct {
+		name, bin, sysctl string // sysctl "": no such file
+		want              bool
+	}{
+		{"qemu 10, protected", q10, "1\n", true},
+		{"qemu 7.2, protected", q72, "1\n", false},
+		{"qemu 10, not protected", q10, "0\n", false},
+		{"qemu 10, no sysctl", q10, "", false},
+	} {
+		os.Remove(sysctl)
+		if c.sysctl != "" {
+			os.WriteFile(sysctl, []byte(c.sysctl), 0o644)
+		}
+		got, why := ramSharing(ctx, c.bin)
+		if got != c.want || (!got && why == "") {
+			t.Errorf("%s: ramSharing = %v, %q; want %v (and a reason when false)", c.name, got, why, c.want)
+		}
+	}
+}

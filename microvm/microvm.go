@@ -241,6 +241,8 @@ type backend struct {
 	note   string // the accelerator, in short, for each Result
 	tmpl   string // the template's directory, unless cold
 	meta   *templateMeta
+	// noSharedRAM says why VMs do not share saved memory (ramSharing).
+	noSharedRAM string
 	// tmplFiles: the template's files as their digests were checked.
 	tmplFiles *templateFiles
 	maxVMs    int
@@ -382,7 +384,7 @@ func (b *backend) memoryLine() string {
 	if b.vmm.SharedRAM {
 		return "shared copy-on-write from the template (" + b.vmm.Name() + ": memory-backend-file readonly=on)"
 	}
-	return "copied per VM (" + b.vmm.Name() + " cannot map a read-only memory file: QEMU 8.2 or later can)"
+	return "copied per VM, not shared: " + b.noSharedRAM + " (" + b.vmm.Name() + ")"
 }
 
 // netLine says what network the VMs have.

@@ -60,6 +60,31 @@ func qemuSharedRAM(ctx context.Context, bin string) bool {
 	return ro && rom
 }
 
+// protectedHardlinks is the sysctl fs.protected_hardlinks, by which the
+// kernel refuses a hard link to a file whose caller neither owns it nor
+// may write it. A sealed RAM file is readable by the VMs that map it (and
+// the template's by every uid): without the sysctl any VM's uid could link
+// the template's file, or a fork its state's (linkat of /proc/self/fd/N),
+// into a directory of its own. checkRAM refuses a file with two links, so
+// no sandbox could use that template or state again until an operator
+// removed the link, and the state's memory would be readable there.
+var protectedHardlinks = "/proc/sys/fs/protected_hardlinks"
+
+// ramSharing says whether VMs restored from one saved state may share its
+// RAM file here: bin maps one read-only (qemuSharedRAM) and the kernel
+// protects hard links. When not, it says why, and each VM copies the
+// memory (the path of QEMU 7.2).
+func ramSharing(ctx context.Context, bin string) (bool, string) {
+	if !qemuSharedRAM(ctx, bin) {
+		return false, "it cannot map a read-only memory file: QEMU 8.2 or later can"
+	}
+	b, err := os.ReadFile(protectedHardlinks)
+	if err != nil || strings.TrimSpace(string(b)) != "1" {
+		return false, "fs.protected_hardlinks is not 1 (" + strings.TrimSpace(string(b)) + "): any uid could hard-link a sealed RAM file"
+	}
+	return true, ""
+}
+
 // createRAM creates the RAM file of a VM that writes it (a template's
 // boot, a state's conversion), owned by uid while the VM runs.
 func createRAM(path string, uid, gid int) (*os.File, error) {
