@@ -136,6 +136,20 @@ func (b *backend) startVM(ctx context.Context) (VM, *vmNet, string, error) {
 	return vm, n, fmt.Sprintf("vm: restored from template %s in %d ms", filepath.Base(b.tmpl)[:12], time.Since(start).Milliseconds()), nil
 }
 
+// remakeTemplate makes the template again (another sandbox's pruned it)
+// and checks it as useTemplate does.
+func (b *backend) remakeTemplate(ctx context.Context) (state, ram *fileVersion, err error) {
+	dir, meta, err := ensureTemplate(ctx, b.cfg.StateDir, b.vmm, b.spec, time.Duration(b.cfg.BootTimeout))
+	if err != nil {
+		return nil, nil, err
+	}
+	if state, ram, err = verifyTemplate(dir, meta); err != nil {
+		return nil, nil, err
+	}
+	b.tmplFiles.set(state, ram)
+	return state, ram, nil
+}
+
 // restore starts a VM of spec from the template and lets it run: its agent
 // waits for the code.
 func (b *backend) restore(ctx context.Context, spec VMSpec) (VM, error) {
@@ -152,15 +166,10 @@ func (b *backend) restore(ctx context.Context, spec VMSpec) (VM, error) {
 	if errors.Is(err, fs.ErrNotExist) {
 		// A newer template of another sandbox superseded this one and
 		// removed it (see pruneTemplates): make it again.
-		dir, meta, err := ensureTemplate(ctx, b.cfg.StateDir, b.vmm, b.spec, time.Duration(b.cfg.BootTimeout))
-		if err != nil {
-			return nil, err
+		state, ram, rerr := b.remakeTemplate(ctx)
+		if rerr != nil {
+			return nil, rerr
 		}
-		state, ram, err := verifyTemplate(dir, meta)
-		if err != nil {
-			return nil, err
-		}
-		b.tmplFiles.set(state, ram)
 		spec.stateID, spec.ramID = state, ram
 		vm, err = b.vmm.Start(ctx, spec)
 	}
