@@ -84,11 +84,18 @@
 // template saves. Templates are kept in STATE/microvm/templates under a key
 // of everything that changes them (QEMU and its command line, the kernel,
 // the initramfs and so the agent, the disk, the guest's memory and vCPUs,
-// the accelerator); a new one replaces those it supersedes. QEMU 7.2 cannot
-// map the guest memory of a saved VM copy-on-write for an unprivileged
-// process (memory-backend-file opens its file read-write; the rom= option
-// came in 8.2), so each restore reads the state file (about 100MB, from the
-// page cache) instead.
+// the accelerator, whether memory is shared); a new one replaces those it
+// supersedes. With a QEMU whose memory-backend-file takes readonly=on (8.2
+// and later: setup-microvm.sh installs 10.0 from bookworm-backports) the
+// template's memory is a file of its own, root's and 0444 once saved, and
+// its stream holds the devices alone (x-ignore-shared): every restore maps
+// the file private and read-only, copy-on-write, so the restored VMs
+// share the pages none of them writes and a restore reads no memory out of
+// a stream (see ram.go; moat doctor says "guest memory: shared
+// copy-on-write from the template"). QEMU 7.2 cannot (its memory-backend-
+// file opens its file read-write), so there each restore reads the state
+// file (about 100MB, from the page cache) into memory of its own ("copied
+// per VM").
 //
 // # Network
 //
@@ -189,7 +196,9 @@
 // then killed and its uid released, so that a suspended session holds no
 // process and no host memory. A resume (or each of many forks of one
 // state) is a new QEMU, as a uid of its own, restored from that file (read
-// only, as a descriptor) and refreshed: the agent sets the guest's clock and
+// only, as a descriptor; with shared memory, the state's own sealed RAM
+// file, which the forks of one state map copy-on-write and share) and
+// refreshed: the agent sets the guest's clock and
 // reseeds the kernel's random generator before anything else. Only the
 // machine that saved a state restores it (the template's key: QEMU, its
 // command line, the kernel, the agent, the disk, memory and vCPUs); another

@@ -395,6 +395,24 @@ func TestForksShareMemory(t *testing.T) {
 	for _, s := range fresh {
 		s.Close()
 	}
+
+	// A RAM file changed after the suspend (a byte in one of its holes)
+	// is refused before any VM starts.
+	os.Chmod(ram, 0o644)
+	if w, err := os.OpenFile(ram, os.O_WRONLY, 0); err == nil {
+		w.WriteAt([]byte{1}, st.Size()-4096)
+		w.Close()
+	}
+	os.Chmod(ram, 0o444)
+	if s, _, err := sb.ResumeSession(ctx, dir); !errors.Is(err, moat.ErrInvalid) {
+		if s != nil {
+			s.Close()
+		}
+		t.Errorf("resuming a state whose RAM file changed: %v, want ErrInvalid", err)
+	}
+	if n, _, _ := qemuMemory(t); n != 0 {
+		t.Errorf("the refused resume left %d QEMU processes", n)
+	}
 	t.Logf("accel %s (TCG is emulation): suspend %v (%s on disk, ram file %s apparent); resume + first run per fork %v",
 		sb.Accel(), suspend.Round(time.Millisecond), mib(info.Bytes), mib(st.Size()), resumeEach.Round(time.Millisecond))
 	t.Logf("host memory, a 50 MiB bytearray each: %d forks of one state Rss %s Pss %s (Shared_Clean of the ram file %s); %d fresh sessions Rss %s Pss %s",
