@@ -206,6 +206,22 @@ func TestTemplateChangedAfterVerifyRefused(t *testing.T) {
 	}
 	vm.Kill()
 
+	// The control: a template made again under the same name (new files,
+	// the same bytes) is checked again and used.
+	b = tmplCopy(t, sb)
+	for _, name := range []string{"state", ramFile} {
+		p := filepath.Join(b.tmpl, name)
+		copySparse(t, p, p+".new")
+		if err := os.Rename(p+".new", p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	vm, err = b.restore(ctx, b.spec)
+	if err != nil {
+		t.Fatalf("the control failed: a restore of a template made again: %v", err)
+	}
+	vm.Kill()
+
 	for _, c := range []struct {
 		name   string
 		damage func(t *testing.T, dir string)

@@ -245,6 +245,11 @@ func versionOf(f *os.File) (fileVersion, error) {
 	return fileVersion{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}, nil
 }
 
+// errChanged: a file is not the version whose digest was checked. A
+// template made again (after a prune) is another version too: restore
+// checks the new one's digests before it uses it.
+var errChanged = fmt.Errorf("%w: changed since checked", moat.ErrInvalid)
+
 // checkVersion refuses, with moat.ErrInvalid, a file opened for a VM that is
 // not the version of it that was verified (want; nil: not checked). It is
 // one fstat of the descriptor QEMU gets: a change after the digest was
@@ -259,7 +264,7 @@ func checkVersion(f *os.File, want *fileVersion) error {
 		return err
 	}
 	if got != *want {
-		return fmt.Errorf("microvm: %s changed since its digest was checked: %w", f.Name(), moat.ErrInvalid)
+		return fmt.Errorf("microvm: %s changed since its digest was checked: %w", f.Name(), errChanged)
 	}
 	return nil
 }
