@@ -250,9 +250,13 @@ type backend struct {
 	note   string // the accelerator, in short, for each Result
 	tmpl   string // the template's directory, unless cold
 	meta   *templateMeta
-	maxVMs int
-	agent  string // the guest agent's binary, also the egress pipe
-	log    *slog.Logger
+	// noSharedRAM says why VMs do not share saved memory (ramSharing).
+	noSharedRAM string
+	// tmplFiles: the template's files as their digests were checked.
+	tmplFiles *templateFiles
+	maxVMs    int
+	agent     string // the guest agent's binary, also the egress pipe
+	log       *slog.Logger
 	// takeReady is the engine's Sandbox.TakeReady, set once the engine is
 	// made: a new session's VM comes from the pool when one is ready.
 	takeReady func() (engine.Instance, bool)
@@ -297,12 +301,9 @@ func New(cfg Config) (*Sandbox, error) {
 		if err != nil {
 			return nil, unavailable("cannot boot the template VM", "see the error; "+setupRemedy, err)
 		}
-		if meta.SharedRAM {
-			if err := verifyRAM(filepath.Join(dir, ramFile), int64(meta.MemoryMiB)<<20, meta.RAMSHA256); err != nil {
-				return nil, unavailable("the template's memory file is damaged: remove "+dir+" to make it again", "", err)
-			}
+		if err := b.useTemplate(dir, meta); err != nil {
+			return nil, unavailable("the template is damaged: remove "+dir+" to make it again", "", err)
 		}
-		b.tmpl, b.meta = dir, meta
 		log.Info("microvm: template", "dir", dir, "boot_ms", meta.BootMS, "save_ms", meta.SaveMS, "bytes", meta.Size, "took", time.Since(start))
 	}
 	e, err := engine.New(engine.Config{
@@ -404,7 +405,7 @@ func (b *backend) memoryLine() string {
 	if b.vmm.SharedRAM {
 		return "shared copy-on-write from the template (" + b.vmm.Name() + ": memory-backend-file readonly=on)"
 	}
-	return "copied per VM (" + b.vmm.Name() + " cannot map a read-only memory file: QEMU 8.2 or later can)"
+	return "copied per VM, not shared: " + b.noSharedRAM + " (" + b.vmm.Name() + ")"
 }
 
 // netLine says what network the VMs have.

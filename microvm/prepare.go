@@ -97,7 +97,8 @@ func prepare(ctx context.Context, cfg Config, log *slog.Logger) (*backend, error
 	if err != nil {
 		return nil, unavailable("cannot record this process as an owner in "+ownersDir, "", err)
 	}
-	s.vmm = &QEMU{Binary: cfg.QEMU, Version: version, Tag: tag, SharedRAM: qemuSharedRAM(ctx, cfg.QEMU)}
+	s.vmm = &QEMU{Binary: cfg.QEMU, Version: version, Tag: tag}
+	s.vmm.SharedRAM, s.noSharedRAM = ramSharing(ctx, cfg.QEMU)
 
 	// The accelerator.
 	switch {

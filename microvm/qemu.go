@@ -18,6 +18,7 @@ import (
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/internal/capture"
 	"github.com/moatsandbox/moat/internal/egress"
+	"golang.org/x/sys/unix"
 )
 
 // QEMU is the [VMM] built on qemu-system-x86_64's microvm machine type:
@@ -232,6 +233,9 @@ func (q *QEMU) Start(ctx context.Context, spec VMSpec) (VM, error) {
 			return fail(fmt.Errorf("microvm: restore: %w", err))
 		}
 		defer state.Close()
+		if err := checkVersion(state, spec.stateID); err != nil {
+			return fail(err)
+		}
 		cmd.ExtraFiles = append(cmd.ExtraFiles, state)
 		if spec.RAM != "" && !spec.RAMWritable {
 			// Opened with the state, read-only: a template pruned
@@ -243,6 +247,9 @@ func (q *QEMU) Start(ctx context.Context, spec VMSpec) (VM, error) {
 				return fail(err)
 			}
 			defer ram.Close()
+			if err := checkVersion(ram, spec.ramID); err != nil {
+				return fail(err)
+			}
 			cmd.ExtraFiles = append(cmd.ExtraFiles, ram)
 		}
 	} else if spec.Console != nil {
@@ -286,13 +293,28 @@ func (q *QEMU) Start(ctx context.Context, spec VMSpec) (VM, error) {
 		if err != nil {
 			return fail(err)
 		}
-		defer ram.Close()
+		// The file is the VM's uid's while the VM runs, and root's again
+		// before that uid goes back to the pool: the next VM of it (any
+		// sandbox's) must not open it for writing before the caller
+		// seals it, nor ever after (see reclaimRAM).
+		release := vm.release
+		vm.release = func() {
+			reclaimRAM(ram)
+			ram.Close()
+			release()
+		}
 		if len(cmd.ExtraFiles) == fdExtra-fdAgent {
 			cmd.ExtraFiles = append(cmd.ExtraFiles, nil) // no descriptor 5
 		}
 		cmd.ExtraFiles = append(cmd.ExtraFiles, ram)
 	}
 	cmd.WaitDelay = time.Second
+	// os/exec hands the child every descriptor not marked close-on-exec,
+	// not only ExtraFiles: one that moat's parent left it, or that a
+	// library opened with a raw open(2), would be QEMU's, as the VM's uid.
+	if err := closeOnExecFrom(3); err != nil {
+		return fail(fmt.Errorf("microvm: start: cannot mark moat's descriptors close-on-exec: %w: %w", err, moat.ErrUnavailable))
+	}
 	err = cmd.Start()
 	agentVM.Close() // QEMU holds its ends now: its exit closes the sockets
 	qmpVM.Close()
@@ -346,6 +368,26 @@ func (q *QEMU) Start(ctx context.Context, spec VMSpec) (VM, error) {
 func (vm *qemuVM) setIgnoreShared(ctx context.Context, on bool) error {
 	caps := map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": on}}}
 	return vm.mon.execute(ctx, "migrate-set-capabilities", caps, nil)
+}
+
+// closeOnExecFrom marks every descriptor of this process from first on
+// close-on-exec (ExtraFiles are dup2'ed into the child all the same).
+func closeOnExecFrom(first int) error {
+	err := unix.CloseRange(uint(first), ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
+	if err == nil || !(errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EINVAL)) {
+		return err
+	}
+	// Before Linux 5.11: one at a time.
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd >= first {
+			unix.CloseOnExec(fd)
+		}
+	}
+	return nil
 }
 
 // killUID kills every process of uid (kill -9 -1 as uid, which the

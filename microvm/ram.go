@@ -60,6 +60,31 @@ func qemuSharedRAM(ctx context.Context, bin string) bool {
 	return ro && rom
 }
 
+// protectedHardlinks is the sysctl fs.protected_hardlinks, by which the
+// kernel refuses a hard link to a file whose caller neither owns it nor
+// may write it. A sealed RAM file is readable by the VMs that map it (and
+// the template's by every uid): without the sysctl any VM's uid could link
+// the template's file, or a fork its state's (linkat of /proc/self/fd/N),
+// into a directory of its own. checkRAM refuses a file with two links, so
+// no sandbox could use that template or state again until an operator
+// removed the link, and the state's memory would be readable there.
+var protectedHardlinks = "/proc/sys/fs/protected_hardlinks"
+
+// ramSharing says whether VMs restored from one saved state may share its
+// RAM file here: bin maps one read-only (qemuSharedRAM) and the kernel
+// protects hard links. When not, it says why, and each VM copies the
+// memory (the path of QEMU 7.2).
+func ramSharing(ctx context.Context, bin string) (bool, string) {
+	if !qemuSharedRAM(ctx, bin) {
+		return false, "it cannot map a read-only memory file: QEMU 8.2 or later can"
+	}
+	b, err := os.ReadFile(protectedHardlinks)
+	if err != nil || strings.TrimSpace(string(b)) != "1" {
+		return false, "fs.protected_hardlinks is not 1 (" + strings.TrimSpace(string(b)) + "): any uid could hard-link a sealed RAM file"
+	}
+	return true, ""
+}
+
 // createRAM creates the RAM file of a VM that writes it (a template's
 // boot, a state's conversion), owned by uid while the VM runs.
 func createRAM(path string, uid, gid int) (*os.File, error) {
@@ -73,6 +98,19 @@ func createRAM(path string, uid, gid int) (*os.File, error) {
 		return nil, fmt.Errorf("microvm: ram file: %w", err)
 	}
 	return f, nil
+}
+
+// reclaimRAM makes a RAM file that createRAM gave to a VM's uid root's,
+// mode 0400, through moat's own descriptor of it, once that VM is gone
+// and before its uid is released: from then on no process of that uid
+// (the next VM to lease it) can open it. 0400 is neither sealed form
+// (0444, or a state's copy at 0600, see openRAM): only sealRAM makes it
+// one. A file that cannot be taken back is emptied, so that sealRAM
+// refuses it.
+func reclaimRAM(f *os.File) {
+	if f.Chown(0, 0) != nil || f.Chmod(0o400) != nil {
+		f.Truncate(0)
+	}
 }
 
 // sealRAM makes the RAM file that a VM, now gone, wrote root's and
@@ -185,38 +223,89 @@ func hashFile(path string) (string, error) {
 	return hashSparse(f)
 }
 
-// verified remembers the RAM files whose digest this process checked, by
-// path, inode and change time: a sealed file does not change.
+// verified remembers the files whose digest this process checked, by
+// path and fileVersion: a sealed file does not change.
 var verified sync.Map
 
+// fileVersion identifies one version of a file: another file under its
+// name, a write (its modification time), a truncation or growth, a hole
+// punched, a change of owner, mode or links (its change time) all make
+// another.
+type fileVersion struct {
+	dev, ino     uint64
+	size         int64
+	mtime, ctime syscall.Timespec
+}
+
+func versionOf(f *os.File) (fileVersion, error) {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		return fileVersion{}, fmt.Errorf("microvm: %w", err)
+	}
+	return fileVersion{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}, nil
+}
+
+// errChanged: a file is not the version whose digest was checked. A
+// template made again (after a prune) is another version too: restore
+// checks the new one's digests before it uses it.
+var errChanged = fmt.Errorf("%w: changed since checked", moat.ErrInvalid)
+
+// checkVersion refuses, with moat.ErrInvalid, a file opened for a VM that is
+// not the version of it that was verified (want; nil: not checked). It is
+// one fstat of the descriptor QEMU gets: a change after the digest was
+// taken (verifyRAM, verifyDigest) is refused before QEMU starts, without a
+// digest per VM.
+func checkVersion(f *os.File, want *fileVersion) error {
+	if want == nil {
+		return nil
+	}
+	got, err := versionOf(f)
+	if err != nil {
+		return err
+	}
+	if got != *want {
+		return fmt.Errorf("microvm: %s changed since its digest was checked: %w", f.Name(), errChanged)
+	}
+	return nil
+}
+
 // verifyRAM checks that the RAM file at path is sealed, size bytes long,
-// and has the digest sum (hashSparse), once per process and file: a
-// damaged or replaced file is refused with moat.ErrInvalid before any VM
-// maps it.
-func verifyRAM(path string, size int64, sum string) error {
+// and has the digest sum (hashSparse), once per process and file version,
+// and returns the version checked: a damaged or replaced file is refused
+// with moat.ErrInvalid before any VM maps it.
+func verifyRAM(path string, size int64, sum string) (fileVersion, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return fmt.Errorf("microvm: ram file: %w", err)
+		return fileVersion{}, fmt.Errorf("microvm: ram file: %w", err)
 	}
 	defer f.Close()
 	if err := checkRAM(f, size); err != nil {
-		return err
+		return fileVersion{}, err
 	}
-	var st syscall.Stat_t
-	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
-		return fmt.Errorf("microvm: ram file: %w", err)
+	return verifyDigest(f, sum)
+}
+
+// verifyDigest checks that f has the digest sum (hashSparse), once per
+// process and file version, and returns the version checked.
+func verifyDigest(f *os.File, sum string) (fileVersion, error) {
+	id, err := versionOf(f)
+	if err != nil {
+		return fileVersion{}, err
 	}
-	id := fmt.Sprintf("%s\x00%d\x00%d\x00%d.%d", path, st.Ino, st.Dev, st.Ctim.Sec, st.Ctim.Nsec)
-	if v, ok := verified.Load(id); ok && v == sum {
-		return nil
+	key := fmt.Sprintf("%s\x00%v", f.Name(), id)
+	if v, ok := verified.Load(key); ok && v == sum {
+		return id, nil
+	}
+	if sum == "" {
+		return fileVersion{}, fmt.Errorf("microvm: %s has no recorded digest: %w", f.Name(), moat.ErrInvalid)
 	}
 	got, err := hashSparse(f)
 	if err != nil {
-		return fmt.Errorf("microvm: ram file: %w", err)
+		return fileVersion{}, fmt.Errorf("microvm: %s: %w", f.Name(), err)
 	}
 	if got != sum {
-		return fmt.Errorf("microvm: ram file %s is damaged (sha-256 %s, recorded %s): %w", path, got, sum, moat.ErrInvalid)
+		return fileVersion{}, fmt.Errorf("microvm: %s is damaged (sha-256 %s, recorded %s): %w", f.Name(), got, sum, moat.ErrInvalid)
 	}
-	verified.Store(id, sum)
-	return nil
+	verified.Store(key, sum)
+	return id, nil
 }

@@ -269,10 +269,10 @@ func TestRAMFileChecked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := verifyRAM(path, size, sum); err != nil {
+	if _, err := verifyRAM(path, size, sum); err != nil {
 		t.Fatalf("verifyRAM of the sealed file: %v", err)
 	}
-	if err := verifyRAM(path, size+4096, sum); !errors.Is(err, moat.ErrInvalid) {
+	if _, err := verifyRAM(path, size+4096, sum); !errors.Is(err, moat.ErrInvalid) {
 		t.Errorf("verifyRAM of another size: %v, want ErrInvalid", err)
 	}
 	for _, c := range []struct {
@@ -287,7 +287,7 @@ func TestRAMFileChecked(t *testing.T) {
 		w.WriteAt([]byte("X"), c.off)
 		w.Close()
 		os.Chmod(path, 0o444) // a new change time: checked again
-		if err := verifyRAM(path, size, sum); !errors.Is(err, moat.ErrInvalid) {
+		if _, err := verifyRAM(path, size, sum); !errors.Is(err, moat.ErrInvalid) {
 			t.Errorf("verifyRAM after a byte changed in a %s: %v, want ErrInvalid", c.name, err)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/internal/engine"
 	"github.com/moatsandbox/moat/microvm/internal/wire"
 )
@@ -135,20 +136,51 @@ func (b *backend) startVM(ctx context.Context) (VM, *vmNet, string, error) {
 	return vm, n, fmt.Sprintf("vm: restored from template %s in %d ms", filepath.Base(b.tmpl)[:12], time.Since(start).Milliseconds()), nil
 }
 
+// recheckTemplate checks the template's files again, as useTemplate
+// does, when they are not those checked: another sandbox pruned the
+// template (it is made again here) or made it again. A damaged file
+// fails its digest (moat.ErrInvalid).
+func (b *backend) recheckTemplate(ctx context.Context) (state, ram *fileVersion, err error) {
+	meta, err := readMeta(b.tmpl)
+	if errors.Is(err, fs.ErrNotExist) {
+		var dir string
+		dir, meta, err = ensureTemplate(ctx, b.cfg.StateDir, b.vmm, b.spec, time.Duration(b.cfg.BootTimeout))
+		if err == nil && dir != b.tmpl {
+			err = fmt.Errorf("microvm: the template %s was made again as %s", b.tmpl, dir)
+		}
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	if state, ram, err = verifyTemplate(b.tmpl, meta); err != nil {
+		return nil, nil, err
+	}
+	b.tmplFiles.set(state, ram)
+	return state, ram, nil
+}
+
 // restore starts a VM of spec from the template and lets it run: its agent
 // waits for the code.
 func (b *backend) restore(ctx context.Context, spec VMSpec) (VM, error) {
+	if b.tmplFiles == nil {
+		return nil, fmt.Errorf("microvm: restore: no verified template: %w", moat.ErrInvalid)
+	}
 	spec.Restore = filepath.Join(b.tmpl, "state")
 	if b.meta != nil && b.meta.SharedRAM {
 		spec.RAM = filepath.Join(b.tmpl, ramFile)
 	}
+	// Start refuses files other than those verified (useTemplate).
+	spec.stateID, spec.ramID = b.tmplFiles.get()
 	vm, err := b.vmm.Start(ctx, spec)
-	if errors.Is(err, fs.ErrNotExist) {
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, errChanged) {
 		// A newer template of another sandbox superseded this one and
-		// removed it (see pruneTemplates): make it again.
-		if _, _, err := ensureTemplate(ctx, b.cfg.StateDir, b.vmm, b.spec, time.Duration(b.cfg.BootTimeout)); err != nil {
-			return nil, err
+		// removed it (see pruneTemplates), or it was made again since:
+		// make it again, check it.
+		state, ram, rerr := b.recheckTemplate(ctx)
+		if rerr != nil {
+			return nil, rerr
 		}
+		spec.stateID, spec.ramID = state, ram
 		vm, err = b.vmm.Start(ctx, spec)
 	}
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/moatsandbox/moat/internal/capture"
@@ -45,25 +46,32 @@ import (
 // restored maps it copy-on-write and the restores share its pages (see
 // ram.go). Without (QEMU 7.2) the stream holds the memory and each
 // restore reads its own copy of it.
+//
+// meta.json has the digests of state and ram. A sandbox checks them once
+// (useTemplate, once per process and file version) and each restore then
+// refuses, with moat.ErrInvalid, a descriptor of another version of
+// either file than the one checked (one fstat: a write, truncation,
+// growth or hole punched, or another file renamed in, makes another).
 
 // templateMeta is meta.json.
 type templateMeta struct {
-	Key       string    `json:"key"`
-	VMM       string    `json:"vmm"`
-	Kernel    string    `json:"kernel"`       // the release the guest reported
-	Image     string    `json:"kernel_image"` // the kernel file it booted
-	Disk      string    `json:"disk"`
-	Accel     Accel     `json:"accel"`
-	MemoryMiB int       `json:"memory_mib"`
-	VCPUs     int       `json:"vcpus"`
-	Net       bool      `json:"net,omitempty"`        // booted with the egress network device
-	SharedRAM bool      `json:"shared_ram,omitempty"` // the memory is in ram, shared copy-on-write
-	RAMSHA256 string    `json:"ram_sha256,omitempty"` // hashSparse of ram
-	BootMS    int64     `json:"boot_ms"`              // QEMU start to the agent's hello
-	GuestMS   int64     `json:"guest_boot_ms"`        // the guest's own clock at hello
-	SaveMS    int64     `json:"save_ms"`
-	Size      int64     `json:"state_bytes"`
-	Created   time.Time `json:"created"`
+	Key         string    `json:"key"`
+	VMM         string    `json:"vmm"`
+	Kernel      string    `json:"kernel"`       // the release the guest reported
+	Image       string    `json:"kernel_image"` // the kernel file it booted
+	Disk        string    `json:"disk"`
+	Accel       Accel     `json:"accel"`
+	MemoryMiB   int       `json:"memory_mib"`
+	VCPUs       int       `json:"vcpus"`
+	Net         bool      `json:"net,omitempty"`        // booted with the egress network device
+	SharedRAM   bool      `json:"shared_ram,omitempty"` // the memory is in ram, shared copy-on-write
+	RAMSHA256   string    `json:"ram_sha256,omitempty"` // hashSparse of ram
+	StateSHA256 string    `json:"state_sha256"`         // hashSparse of state
+	BootMS      int64     `json:"boot_ms"`              // QEMU start to the agent's hello
+	GuestMS     int64     `json:"guest_boot_ms"`        // the guest's own clock at hello
+	SaveMS      int64     `json:"save_ms"`
+	Size        int64     `json:"state_bytes"`
+	Created     time.Time `json:"created"`
 }
 
 // templateKey names the template of spec.
@@ -72,7 +80,8 @@ func templateKey(vmm VMM, spec VMSpec) (string, error) {
 	fmt.Fprintf(h, "template v1\nvmm=%s\ncmdline=%s\naccel=%s\nmem=%d\nvcpus=%d\nnoacpi=%v\n",
 		vmm.Name(), spec.Cmdline, spec.Accel, spec.MemoryMiB, spec.VCPUs, spec.NoACPI)
 	if q, ok := vmm.(*QEMU); ok {
-		fmt.Fprintf(h, "shared_ram=%v\n", q.SharedRAM)
+		// v2: meta.json has the state's digest, which useTemplate requires.
+		fmt.Fprintf(h, "shared_ram=%v\nmeta=v2\n", q.SharedRAM)
 		// The whole command line, but for what differs between runs (a
 		// VM's egress socket among them).
 		var n *NetSpec
@@ -214,9 +223,13 @@ func ensureTemplate(ctx context.Context, stateDir string, vmm VMM, spec VMSpec, 
 	if err != nil {
 		return "", nil, fmt.Errorf("microvm: save the template: %w", err)
 	}
+	stateSum, err := hashFile(state)
+	if err != nil {
+		return "", nil, fmt.Errorf("microvm: save the template: %w", err)
+	}
 	m := &templateMeta{
 		Key: key, VMM: vmm.Name(), Kernel: hello.Kernel, Image: spec.Kernel, Disk: spec.Disk, Accel: spec.Accel,
-		MemoryMiB: spec.MemoryMiB, VCPUs: spec.VCPUs, Net: spec.Net != nil, SharedRAM: spec.RAM != "", RAMSHA256: ramSum,
+		MemoryMiB: spec.MemoryMiB, VCPUs: spec.VCPUs, Net: spec.Net != nil, SharedRAM: spec.RAM != "", RAMSHA256: ramSum, StateSHA256: stateSum,
 		BootMS: bootMS, GuestMS: hello.BootMS, SaveMS: saveMS, Size: st.Size(), Created: time.Now().UTC(),
 	}
 	b, _ := json.MarshalIndent(m, "", "  ")
@@ -254,6 +267,61 @@ func pruneTemplates(root string, m *templateMeta) {
 		os.RemoveAll(dir)
 		unlock()
 	}
+}
+
+// templateFiles are the versions of a template's files that their
+// digests were checked on: each restore's descriptors must be these.
+type templateFiles struct {
+	mu         sync.Mutex
+	state, ram *fileVersion // ram: nil without QEMU.SharedRAM
+}
+
+func (tf *templateFiles) get() (state, ram *fileVersion) {
+	tf.mu.Lock()
+	defer tf.mu.Unlock()
+	return tf.state, tf.ram
+}
+
+func (tf *templateFiles) set(state, ram *fileVersion) {
+	tf.mu.Lock()
+	defer tf.mu.Unlock()
+	tf.state, tf.ram = state, ram
+}
+
+// verifyTemplate checks the digests of the template in dir, whose
+// meta.json says meta (once per process and file version), and returns
+// the versions checked: a damaged state or RAM file is refused with
+// moat.ErrInvalid.
+func verifyTemplate(dir string, meta *templateMeta) (state, ram *fileVersion, err error) {
+	f, err := os.Open(filepath.Join(dir, "state"))
+	if err != nil {
+		return nil, nil, fmt.Errorf("microvm: template: %w", err)
+	}
+	defer f.Close()
+	sid, err := verifyDigest(f, meta.StateSHA256)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !meta.SharedRAM {
+		return &sid, nil, nil
+	}
+	rid, err := verifyRAM(filepath.Join(dir, ramFile), int64(meta.MemoryMiB)<<20, meta.RAMSHA256)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &sid, &rid, nil
+}
+
+// useTemplate makes dir, whose meta.json says meta, the template b
+// restores from, once its files are checked (verifyTemplate).
+func (b *backend) useTemplate(dir string, meta *templateMeta) error {
+	state, ram, err := verifyTemplate(dir, meta)
+	if err != nil {
+		return err
+	}
+	b.tmpl, b.meta = dir, meta
+	b.tmplFiles = &templateFiles{state: state, ram: ram}
+	return nil
 }
 
 func readMeta(dir string) (*templateMeta, error) {

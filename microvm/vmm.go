@@ -70,6 +70,9 @@ type VMSpec struct {
 	// (QEMU's -S), until Resume or Save: a state's conversion (see
 	// shareState) never runs it.
 	Frozen bool
+	// stateID and ramID, when not nil, are the versions of Restore and
+	// RAM whose digests were checked: Start refuses others (checkVersion).
+	stateID, ramID *fileVersion
 	// Console receives the guest's serial console, from a goroutine of the
 	// VM that ends before Kill returns. Nil means discard.
 	Console io.Writer
