@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/moatsandbox/moat"
@@ -140,15 +141,19 @@ func (ss *vmSession) SaveState(ctx context.Context, dir string) error {
 	if err == nil {
 		err = os.Chmod(state, 0o600)
 	}
+	var bytes int64
 	if err == nil {
-		var rst os.FileInfo
+		bytes = st.Size()
 		if shared {
-			rst, err = os.Stat(filepath.Join(dir, ramFile))
+			// The memory file's nominal size is the guest's: count
+			// what it takes on disk.
+			var rst os.FileInfo
+			if rst, err = os.Stat(filepath.Join(dir, ramFile)); err == nil {
+				bytes += min(rst.Size(), rst.Sys().(*syscall.Stat_t).Blocks*512)
+			}
 		}
-		bytes := st.Size()
-		if rst != nil {
-			bytes += rst.Size()
-		}
+	}
+	if err == nil {
 		m := savedVM{SharedRAM: shared, Bytes: bytes,
 			Format: savedFormat, Template: key, VMM: b.vmm.Name(), Accel: b.spec.Accel,
 			MemoryMiB: b.spec.MemoryMiB, VCPUs: b.spec.VCPUs, Interpreter: ss.interp,
