@@ -42,6 +42,12 @@ type Config struct {
 	// RequireKVM makes the level unavailable, instead of falling back to
 	// emulation, where KVM cannot boot the guest.
 	RequireKVM bool `json:"require_kvm,omitempty"`
+	// CopyMemory gives every VM its own copy of the saved memory it is
+	// restored from, even where QEMU could map it copy-on-write (8.2+):
+	// no page is then shared between VMs, which closes the side channels
+	// of shared memory (cache timing, Rowhammer on shared pages) at the
+	// cost of a copy per VM. False means share where QEMU can.
+	CopyMemory bool `json:"copy_memory,omitempty"`
 	// Cold boots a fresh VM for every run instead of restoring the
 	// template. It exists to measure what the template saves (the
 	// microvm-cold bench row). False means restore.

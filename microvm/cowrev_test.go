@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -340,5 +342,36 @@ func TestRAMSharingNeeds(t *testing.T) {
 		if got != c.want || (!got && why == "") {
 			t.Errorf("%s: ramSharing = %v, %q; want %v (and a reason when false)", c.name, got, why, c.want)
 		}
+	}
+}
+
+// microvm.copy_memory turns the sharing off where QEMU could share: the
+// level says so, and its template is another (its key names the mode).
+func TestCopyMemoryTurnsSharingOff(t *testing.T) {
+	ctx := context.Background()
+	shared, err := prepare(ctx, Config{}.withDefaults(), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shared.Close()
+	copied, err := prepare(ctx, Config{CopyMemory: true}.withDefaults(), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer copied.Close()
+	if copied.vmm.SharedRAM || !strings.Contains(copied.memoryLine(), "copy_memory") {
+		t.Errorf("with copy_memory: shared %v, %q", copied.vmm.SharedRAM, copied.memoryLine())
+	}
+	if !shared.vmm.SharedRAM {
+		msg := "this QEMU cannot share (" + shared.memoryLine() + "): nothing to turn off"
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	k1, err1 := templateKey(shared.vmm, shared.spec)
+	k2, err2 := templateKey(copied.vmm, copied.spec)
+	if err1 != nil || err2 != nil || k1 == k2 {
+		t.Errorf("template keys %q (%v) and %q (%v): want two", k1, err1, k2, err2)
 	}
 }

@@ -99,6 +99,9 @@ func prepare(ctx context.Context, cfg Config, log *slog.Logger) (*backend, error
 	}
 	s.vmm = &QEMU{Binary: cfg.QEMU, Version: version, Tag: tag}
 	s.vmm.SharedRAM, s.noSharedRAM = ramSharing(ctx, cfg.QEMU)
+	if cfg.CopyMemory {
+		s.vmm.SharedRAM, s.noSharedRAM = false, "microvm.copy_memory is set"
+	}
 
 	// The accelerator.
 	switch {

@@ -111,7 +111,7 @@ const goodConfig = `{
   "image": {"state_dir": "/i", "suite": "trixie", "packages": ["python3-numpy", "python3-pandas"],
             "mirror": "http://127.0.0.1/debian", "repository": "repo"},
   "microvm": {"state_dir": "/m",
-              "qemu": "/q", "kernel_dir": "/k", "agent": "/a", "vcpus": 2, "accel": "tcg", "require_kvm": true,
+              "qemu": "/q", "kernel_dir": "/k", "agent": "/a", "vcpus": 2, "accel": "tcg", "require_kvm": true, "copy_memory": true,
               "cold": true, "warm": 2, "warm_max": 3, "max_vms": 4, "session_cpu_time": "2m", "boot_timeout": "1m30s", "uid_first": 7000, "uid_count": 8},
   "server": {"addr": "127.0.0.1:9999", "tokens_file": "/t", "levels": "subprocess,gvisor", "state_dir": "/st",
              "max_code_bytes": "2MiB", "max_body_bytes": "3MiB", "max_file_bytes": "4MiB",
