@@ -18,7 +18,7 @@ var (
 	errUnauthorized  = errors.New("server: missing or unknown bearer token")
 	errNotFound      = errors.New("server: not found")
 	errBadRequest    = errors.New("server: malformed request")
-	errMediaType     = errors.New("server: send the body as JSON, with the header Content-Type: application/json")
+	errMediaType     = errors.New("server: unsupported media type")
 	errIsDir         = errors.New("server: is a directory")
 	errBodyTooLarge  = errors.New("server: request body too large")
 	errCodeTooLarge  = errors.New("server: code too large")

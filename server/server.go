@@ -462,7 +462,7 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) error {
 				// What curl -d sends unless told otherwise.
 				hint = " (curl -d sends a form unless given -H 'Content-Type: application/json')"
 			}
-			return fmt.Errorf("body of type %q%s: %w", ct, hint, errMediaType)
+			return fmt.Errorf("body of type %q: send the body as JSON, with the header Content-Type: application/json%s: %w", ct, hint, errMediaType)
 		}
 	}
 	body := http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxBodyBytes))
