@@ -116,7 +116,7 @@ func importImage(ctx context.Context, cli client.APIClient, cfg image.Config, p 
 		return st, fmt.Errorf("container: %s: %w", root, image.ErrNotBuilt)
 	}
 	total := image.GetStatus(cfg).Size
-	p.Say("step 3/3 docker import %s: importing %s (%s)", tag, root, humanSize(total))
+	p.Say("step 3/3 docker import %s: importing %s (%s)", tag, root, image.HumanSize(total))
 	start := time.Now()
 	pr, pw := io.Pipe()
 	go func() {
@@ -281,15 +281,3 @@ func writeTar(w io.Writer, root string) error {
 // imageID strips the digest algorithm from an image ID.
 func imageID(id string) string { return strings.TrimPrefix(id, "sha256:") }
 
-// humanSize is n in the largest binary unit that keeps it at 1 or more.
-func humanSize(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
-}

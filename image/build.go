@@ -41,7 +41,7 @@ func BuildRootFS(ctx context.Context, cfg Config) (rec *Record, cached bool, err
 	if !cfg.Force {
 		if r, err := readRecord(dir); err == nil && exists(Path(cfg)) {
 			p.Say("rootfs %s: already built %s ago (%s, %s), nothing to do",
-				r.Key[:12], time.Since(r.BuiltAt).Round(time.Second), humanSize(r.Size), Path(cfg))
+				r.Key[:12], time.Since(r.BuiltAt).Round(time.Second), HumanSize(r.Size), Path(cfg))
 			return r, true, nil
 		}
 	}
@@ -101,7 +101,7 @@ func BuildRootFS(ctx context.Context, cfg Config) (rec *Record, cached bool, err
 		return nil, false, fmt.Errorf("image: debootstrap failed (see the lines above): %w", err)
 	}
 	if size, files, err := diskUsage(root); err == nil {
-		p.Say("step 1/3 debootstrap: done in %s: %s in %d files", time.Since(stepStart).Round(100*time.Millisecond), humanSize(size), files)
+		p.Say("step 1/3 debootstrap: done in %s: %s in %d files", time.Since(stepStart).Round(100*time.Millisecond), HumanSize(size), files)
 	}
 
 	p.Say("step 2/3 recipe %s: strip docs and caches, drop host files", RecipeVersion)
@@ -116,7 +116,7 @@ func BuildRootFS(ctx context.Context, cfg Config) (rec *Record, cached bool, err
 	if err != nil {
 		return nil, false, fmt.Errorf("image: measuring %s: %w", root, err)
 	}
-	p.Say("step 2/3 recipe: done in %s: %s in %d files", time.Since(stepStart).Round(100*time.Millisecond), humanSize(size), files)
+	p.Say("step 2/3 recipe: done in %s: %s in %d files", time.Since(stepStart).Round(100*time.Millisecond), HumanSize(size), files)
 	r := &Record{
 		Key: key, Recipe: RecipeVersion, Arch: Arch(), Suite: cfg.Suite,
 		Packages: cfg.Packages, Mirror: cfg.Mirror,
@@ -141,7 +141,7 @@ func BuildRootFS(ctx context.Context, cfg Config) (rec *Record, cached bool, err
 	}
 	_ = os.RemoveAll(old)
 	p.Say("rootfs %s: built in %s: %s in %d files, python %s, at %s", key[:12],
-		time.Since(start).Round(100*time.Millisecond), humanSize(size), files, r.PythonVersion, Path(cfg))
+		time.Since(start).Round(100*time.Millisecond), HumanSize(size), files, r.PythonVersion, Path(cfg))
 	return r, false, nil
 }
 
@@ -376,7 +376,7 @@ func runDebootstrap(ctx context.Context, p *Progress, root, name string, args ..
 				mu.Lock()
 				l := last
 				mu.Unlock()
-				p.Status("debootstrap: %s in %d files so far; %s", humanSize(size), files, l)
+				p.Status("debootstrap: %s in %d files so far; %s", HumanSize(size), files, l)
 			}
 		}
 	}()
@@ -456,7 +456,9 @@ func exists(path string) bool {
 	return err == nil
 }
 
-func humanSize(n int64) string {
+// HumanSize is n in the largest binary unit that keeps it at 1 or more,
+// with one decimal ("137.6 MiB"): for progress lines.
+func HumanSize(n int64) string {
 	switch {
 	case n >= 1<<30:
 		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))

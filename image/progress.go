@@ -97,12 +97,12 @@ func (p *Progress) Bar(label string, done, total int64) {
 			return
 		}
 		p.barLast = q
-		io.WriteString(p.w, fmt.Sprintf("%s%s: %3d%% (%s of %s)\n", p.prefix(), label, pct, humanSize(done), humanSize(total)))
+		io.WriteString(p.w, fmt.Sprintf("%s%s: %3d%% (%s of %s)\n", p.prefix(), label, pct, HumanSize(done), HumanSize(total)))
 		return
 	}
 	const width = 30
 	n := int(done * width / total)
-	p.status(fmt.Sprintf("%s: [%s%s] %3d%% %s of %s", label, strings.Repeat("#", n), strings.Repeat(".", width-n), pct, humanSize(done), humanSize(total)))
+	p.status(fmt.Sprintf("%s: [%s%s] %3d%% %s of %s", label, strings.Repeat("#", n), strings.Repeat(".", width-n), pct, HumanSize(done), HumanSize(total)))
 }
 
 // Clear removes the status line from a terminal; elsewhere it does

@@ -24,7 +24,7 @@ func TestProgressPlain(t *testing.T) {
 		p.Bar("docker import", i<<20, 200<<20)
 	}
 	p.Clear()
-	p.Say("done: %s", humanSize(200<<20))
+	p.Say("done: %s", HumanSize(200<<20))
 	out := b.String()
 	if strings.ContainsAny(out, "\r\x1b") {
 		t.Errorf("plain progress rewrites lines: %q", out)

@@ -98,7 +98,6 @@ func cmdDoctor(ctx context.Context, args []string, stdio Stdio) int {
 	return code
 }
 
-
 // doctorImage is what moat doctor says of the shared image the config
 // names (its "image" section): its key, its packages, whether it is built.
 type doctorImage struct {

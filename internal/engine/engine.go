@@ -1,12 +1,12 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
@@ -356,7 +356,7 @@ func (s *Sandbox) runIn(ctx context.Context, start starter, req moat.Request, be
 		res.Notes = append(append(make([]string, 0, n), s.cfg.Notes...), ev.Notes...)
 	}
 	for _, h := range s.cfg.Hints {
-		if strings.Contains(string(res.Stderr), h.In) {
+		if bytes.Contains(res.Stderr, []byte(h.In)) {
 			res.Notes = append(res.Notes, h.Note)
 		}
 	}
