@@ -280,4 +280,3 @@ func writeTar(w io.Writer, root string) error {
 
 // imageID strips the digest algorithm from an image ID.
 func imageID(id string) string { return strings.TrimPrefix(id, "sha256:") }
-
