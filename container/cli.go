@@ -19,6 +19,9 @@ import (
 // the first uid of the range standing for the run's own. The bench uses it
 // to set moat's Engine API path against the docker CLI's.
 func (s *Sandbox) CLIArgs() ([]string, error) {
+	if s.b == nil {
+		return nil, unavailable("the docker CLI's path needs the Docker engine, which this runc-driven sandbox could not use", "run scripts/setup-docker.sh", nil)
+	}
 	if s.b.egress != nil {
 		return nil, errCLIEgress
 	}

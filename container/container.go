@@ -197,6 +197,20 @@ type Config struct {
 	// wrapping moat.ErrSpent (its files stay readable until Close). Zero
 	// means ten times Limits.CPUTime.
 	SessionCPUTime moat.Duration `json:"session_cpu_time,omitempty"`
+	// Driver is how one-shot runs (Run) reach their containers: "" or
+	// "docker" through the Docker Engine API, as described above; "runc"
+	// with the runc binary directly (see runc.go): the runc that
+	// scripts/setup-docker.sh builds and registers with dockerd as
+	// runc-moat, found at MOAT_LIBEXEC/runc (/usr/local/lib/moat/runc),
+	// over the shared root filesystem of package image, with the same
+	// protections written into each container's OCI spec, checked from the
+	// host, and none of dockerd's work on a run's path. The runc driver
+	// needs root, runs only the shared image (Image empty) and gives no
+	// network (Egress nil), or New fails with moat.ErrUnavailable. Sessions
+	// (NewSession) go through Docker whatever the driver: with "runc" and
+	// no usable engine, one-shot runs still work and NewSession fails with
+	// an error wrapping moat.ErrUnavailable.
+	Driver string `json:"driver,omitempty"`
 	// Logger receives debug logs. Nil means discard.
 	Logger *slog.Logger `json:"-"`
 	// Egress is the egress proxy the code reaches, and nothing else (see
@@ -246,6 +260,11 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	switch c.Driver {
+	case "", DriverDocker, DriverRunc:
+	default:
+		return c, fmt.Errorf("container: driver %q is neither %q nor %q: %w", c.Driver, DriverDocker, DriverRunc, moat.ErrInvalid)
+	}
 	if c.CPUs < 0.01 {
 		return c, fmt.Errorf("container: cpus %v is below 0.01: %w", c.CPUs, moat.ErrInvalid)
 	}
@@ -272,7 +291,8 @@ var nativeHints = []engine.Hint{{
 // containers, starts the code in them and reports what the host saw.
 type Sandbox struct {
 	*engine.Sandbox
-	b *backend
+	b *backend     // the Docker path's; nil with the runc driver and no usable engine
+	r *runcBackend // the runc driver's, or nil
 }
 
 var (
@@ -288,6 +308,16 @@ var _ moat.Describer = (*Sandbox)(nil)
 // of runs and how they reach the network; see moat.Describer.
 func (s *Sandbox) Describe() string {
 	ahead := "python3 started ahead in each pooled container"
+	if r := s.r; r != nil {
+		if r.warm < 0 {
+			ahead = "no container prepared ahead"
+		}
+		sessions := "sessions through Docker (runtime " + r.dockerRuntime() + ")"
+		if s.b == nil {
+			sessions = "no sessions (the Docker engine is not usable)"
+		}
+		return r.describe() + "; " + ahead + "; no network; " + sessions
+	}
 	if s.b.warm < 0 {
 		ahead = "no container prepared ahead"
 	}
@@ -341,16 +371,47 @@ type backend struct {
 // runc, the image), and removes the containers that dead moat processes
 // left behind. It returns an error wrapping moat.ErrUnavailable when it
 // cannot.
+//
+// With Config.Driver "runc" it checks runc, the kernel and the shared root
+// filesystem instead (see newRunc), and the Docker engine only for
+// sessions.
 func New(cfg Config) (*Sandbox, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Driver == DriverRunc {
+		return newRunc(cfg)
+	}
+	b, notes, err := newDocker(cfg)
+	if err != nil {
+		return nil, err
+	}
+	es, err := engine.New(engine.Config{
+		Level:   moat.LevelContainer,
+		Limits:  cfg.Limits,
+		Warm:    cfg.Warm,
+		WarmMax: cfg.WarmMax,
+		Notes:   notes,
+		Hints:   nativeHints,
+		Logger:  cfg.Logger,
+	}, b)
+	if err != nil {
+		b.cli.Close()
+		return nil, err
+	}
+	return &Sandbox{Sandbox: es, b: b}, nil
+}
+
+// newDocker connects to the engine, checks it, reaps dead moats'
+// containers and probes moat's seccomp profile in a container: the Docker
+// path's backend, probed, and the notes of its Results.
+func newDocker(cfg Config) (*backend, []string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cli, err := newClient()
 	if err != nil {
-		return nil, unavailable("no Docker client", "set DOCKER_HOST or run scripts/setup-docker.sh", err)
+		return nil, nil, unavailable("no Docker client", "set DOCKER_HOST or run scripts/setup-docker.sh", err)
 	}
 	ok := false
 	defer func() {
@@ -360,10 +421,10 @@ func New(cfg Config) (*Sandbox, error) {
 	}()
 	eng, err := probe(ctx, cli, cfg)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := eng.refusal(cfg); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var notes []string
 	if os.Geteuid() != 0 {
@@ -379,7 +440,7 @@ func New(cfg Config) (*Sandbox, error) {
 	}
 	b, err := newBackend(cfg, cli, eng)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	// The probe runs once per engine, image and profile in this process;
 	// every run still checks its own init's filter.
@@ -389,25 +450,13 @@ func New(cfg Config) (*Sandbox, error) {
 		r = v.(*probeResult)
 	} else {
 		if r, err = b.probeSeccomp(ctx); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		probed.Store(key, r)
 	}
 	b.filters = r.filters
-	es, err := engine.New(engine.Config{
-		Level:   moat.LevelContainer,
-		Limits:  cfg.Limits,
-		Warm:    cfg.Warm,
-		WarmMax: cfg.WarmMax,
-		Notes:   notes,
-		Hints:   nativeHints,
-		Logger:  cfg.Logger,
-	}, b)
-	if err != nil {
-		return nil, err
-	}
 	ok = true
-	return &Sandbox{Sandbox: es, b: b}, nil
+	return b, notes, nil
 }
 
 // newBackend makes the backend for cfg on engine eng, with no container

@@ -1,0 +1,228 @@
+package container
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/moatsandbox/moat/image"
+)
+
+// The parts of the OCI runtime specification (config.json) that a bundle
+// of the runc driver uses. runc rejects nothing it knows here, and ignores
+// what it does not know; every field moat relies on is checked from the
+// host when the run's init starts (see runcInstance.check).
+type (
+	ociSpec struct {
+		Version  string     `json:"ociVersion"`
+		Process  ociProcess `json:"process"`
+		Root     ociRoot    `json:"root"`
+		Hostname string     `json:"hostname"`
+		Mounts   []ociMount `json:"mounts"`
+		Linux    ociLinux   `json:"linux"`
+	}
+	ociProcess struct {
+		Terminal        bool            `json:"terminal"`
+		User            ociUser         `json:"user"`
+		Args            []string        `json:"args"`
+		Env             []string        `json:"env"`
+		Cwd             string          `json:"cwd"`
+		Capabilities    ociCapabilities `json:"capabilities"`
+		Rlimits         []ociRlimit     `json:"rlimits"`
+		NoNewPrivileges bool            `json:"noNewPrivileges"`
+		OOMScoreAdj     int             `json:"oomScoreAdj"`
+	}
+	ociUser struct {
+		UID            uint32   `json:"uid"`
+		GID            uint32   `json:"gid"`
+		AdditionalGids []uint32 `json:"additionalGids"`
+	}
+	// ociCapabilities lists each set explicitly empty: no capability in
+	// any set, the bounding set included.
+	ociCapabilities struct {
+		Bounding    []string `json:"bounding"`
+		Effective   []string `json:"effective"`
+		Inheritable []string `json:"inheritable"`
+		Permitted   []string `json:"permitted"`
+		Ambient     []string `json:"ambient"`
+	}
+	ociRlimit struct {
+		Type string `json:"type"`
+		Hard uint64 `json:"hard"`
+		Soft uint64 `json:"soft"`
+	}
+	ociRoot struct {
+		Path     string `json:"path"`
+		Readonly bool   `json:"readonly"`
+	}
+	ociMount struct {
+		Destination string   `json:"destination"`
+		Type        string   `json:"type"`
+		Source      string   `json:"source"`
+		Options     []string `json:"options,omitempty"`
+	}
+	ociLinux struct {
+		Namespaces    []ociNamespace `json:"namespaces"`
+		Resources     ociResources   `json:"resources"`
+		CgroupsPath   string         `json:"cgroupsPath"`
+		Seccomp       *ociSeccomp    `json:"seccomp"`
+		MaskedPaths   []string       `json:"maskedPaths"`
+		ReadonlyPaths []string       `json:"readonlyPaths"`
+	}
+	ociNamespace struct {
+		Type string `json:"type"`
+	}
+	ociResources struct {
+		Devices []ociDevice `json:"devices"`
+		Memory  ociMemory   `json:"memory"`
+		CPU     ociCPU      `json:"cpu"`
+		Pids    ociPids     `json:"pids"`
+	}
+	ociDevice struct {
+		Allow  bool   `json:"allow"`
+		Access string `json:"access"`
+	}
+	ociMemory struct {
+		Limit int64 `json:"limit"`
+		Swap  int64 `json:"swap"` // memory plus swap
+	}
+	ociCPU struct {
+		Quota  int64  `json:"quota"`
+		Period uint64 `json:"period"`
+	}
+	ociPids struct {
+		Limit int64 `json:"limit"`
+	}
+	// ociSeccomp is linux.seccomp: the same fields, with the same
+	// meaning, as the Docker profile moat passes to the engine (runc
+	// compiles both with libseccomp), so that the profile converts field
+	// for field.
+	ociSeccomp struct {
+		DefaultAction   string           `json:"defaultAction"`
+		DefaultErrnoRet *uint            `json:"defaultErrnoRet,omitempty"`
+		Architectures   []string         `json:"architectures"`
+		Syscalls        []ociSyscallRule `json:"syscalls"`
+	}
+	ociSyscallRule struct {
+		Names    []string        `json:"names"`
+		Action   string          `json:"action"`
+		ErrnoRet *uint           `json:"errnoRet,omitempty"`
+		Args     []ociSeccompArg `json:"args,omitempty"`
+	}
+	ociSeccompArg struct {
+		Index    uint   `json:"index"`
+		Value    uint64 `json:"value"`
+		ValueTwo uint64 `json:"valueTwo"`
+		Op       string `json:"op"`
+	}
+)
+
+// Docker's default masked and read-only paths (moby's
+// oci.DefaultSpec, which the Docker path keeps), so that the runc driver's
+// /proc shows no more of the host than a Docker container's does.
+var (
+	maskedPaths = []string{
+		"/proc/asound", "/proc/acpi", "/proc/interrupts", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+		"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi",
+		"/sys/firmware", "/sys/devices/virtual/powercap",
+	}
+	readonlyPaths = []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"}
+)
+
+// runcNamespaces are the namespaces of every runc-driven container: all
+// new, the network one holding only a loopback that stays down.
+var runcNamespaces = []string{"pid", "ipc", "uts", "mount", "network", "cgroup"}
+
+// ociSeccompOf converts moat's Docker-format profile (what the Docker
+// path passes in HostConfig.SecurityOpt) into linux.seccomp: the same
+// default action and errno, architectures and rules. A field the OCI form
+// lacks fails the conversion rather than being dropped.
+func ociSeccompOf(p *profile) (*ociSeccomp, error) {
+	dec := json.NewDecoder(strings.NewReader(p.json))
+	var in struct {
+		ociSeccomp
+		Syscalls []struct {
+			ociSyscallRule
+			Comment string `json:"comment"`
+		} `json:"syscalls"`
+	}
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&in); err != nil {
+		return nil, fmt.Errorf("container: convert moat's seccomp profile to the OCI form: %w", err)
+	}
+	out := in.ociSeccomp
+	out.Syscalls = make([]ociSyscallRule, len(in.Syscalls))
+	for i, r := range in.Syscalls {
+		out.Syscalls[i] = r.ociSyscallRule
+	}
+	if out.DefaultAction == "" || len(out.Architectures) == 0 || len(out.Syscalls) == 0 {
+		return nil, fmt.Errorf("container: moat's seccomp profile converts to an empty OCI filter")
+	}
+	return &out, nil
+}
+
+// runcSpec is the OCI spec of one run of the runc driver as uid, in
+// cgroup cgroupsPath, over the read-only rootfs: every protection of the
+// Docker path (spec.hostConfig), written out for runc, with nothing to turn
+// off. The init is the shell of spec.cmd, Python its child, as in the
+// Docker path: runc reports a death by signal N of the init as 128+N, and
+// the shell reports Python's so.
+func (s *spec) runcSpec(rootfs, cgroupsPath string, uid int, sc *ociSeccomp) *ociSpec {
+	l := s.limits
+	none := []string{}
+	rl := func(typ string, soft, hard uint64) ociRlimit { return ociRlimit{Type: typ, Soft: soft, Hard: hard} }
+	var rlimits []ociRlimit
+	for _, u := range s.ulimits() {
+		rlimits = append(rlimits, rl("RLIMIT_"+strings.ToUpper(u.Name), uint64(u.Soft), uint64(u.Hard)))
+	}
+	mounts := []ociMount{
+		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+		// runc's default /dev: a small tmpfs in which runc makes only its
+		// default devices (null, zero, full, random, urandom, tty) and
+		// links; the device cgroup allows those and nothing else.
+		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+		{Destination: "/dev/pts", Type: "devpts", Source: "devpts",
+			Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
+	}
+	for _, m := range s.mounts {
+		mounts = append(mounts, ociMount{Destination: m.path, Type: "tmpfs", Source: "tmpfs", Options: strings.Split(m.opts(uid), ",")})
+	}
+	quota := int64(s.cpus * 100000)
+	return &ociSpec{
+		Version: "1.0.2",
+		Process: ociProcess{
+			User: ociUser{UID: uint32(uid), GID: uint32(uid), AdditionalGids: []uint32{}},
+			Args: s.cmd(),
+			Env:  s.env(),
+			Cwd:  image.WorkDir,
+			Capabilities: ociCapabilities{
+				Bounding: none, Effective: none, Inheritable: none, Permitted: none, Ambient: none,
+			},
+			Rlimits:         rlimits,
+			NoNewPrivileges: true,
+			OOMScoreAdj:     1000,
+		},
+		Root:     ociRoot{Path: rootfs, Readonly: true},
+		Hostname: "sandbox",
+		Mounts:   mounts,
+		Linux: ociLinux{
+			Namespaces: func() []ociNamespace {
+				ns := make([]ociNamespace, len(runcNamespaces))
+				for i, t := range runcNamespaces {
+					ns[i] = ociNamespace{t}
+				}
+				return ns
+			}(),
+			Resources: ociResources{
+				Devices: []ociDevice{{Allow: false, Access: "rwm"}},
+				Memory:  ociMemory{Limit: int64(l.Memory), Swap: int64(l.Memory)},
+				CPU:     ociCPU{Quota: max(quota, 1000), Period: 100000},
+				Pids:    ociPids{Limit: int64(l.Pids)},
+			},
+			CgroupsPath:   cgroupsPath,
+			Seccomp:       sc,
+			MaskedPaths:   maskedPaths,
+			ReadonlyPaths: readonlyPaths,
+		},
+	}
+}
