@@ -153,7 +153,7 @@ st = dict(l.split(':\t', 1) for l in open('/proc/self/status').read().splitlines
 r['uid'] = os.getuid(); r['gid'] = os.getgid()
 r['capeff'] = st['CapEff']; r['capbnd'] = st['CapBnd']
 r['nnp'] = st['NoNewPrivs']; r['seccomp'] = st['Seccomp']
-r['nets'] = sorted(os.listdir('/sys/class/net'))
+r['nets'] = sorted(l.split(':')[0].strip() for l in open('/proc/self/net/dev').read().splitlines()[2:])
 try:
     socket.create_connection(('1.1.1.1', 53), timeout=2); r['connect'] = 'ok'
 except OSError as e:
@@ -413,25 +413,31 @@ func TestAttacks(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer env.Close()
-	sb := factory(t, moat.Limits{WallTime: moat.Duration(5 * time.Second)})
-	defer sb.Close()
-	var outs []attack.Outcome
-	for _, name := range attack.All {
-		o := attack.Run(ctx, sb, env, name)
-		outs = append(outs, o)
-		if !o.Blocked {
-			t.Errorf("attack %s: %s (%s): %s", name, o.Verdict, o.How, o.Detail)
+	forDrivers(t, func(t *testing.T, factory sandboxtest.Factory) {
+		sb := factory(t, moat.Limits{WallTime: moat.Duration(5 * time.Second)})
+		defer sb.Close()
+		var outs []attack.Outcome
+		for _, name := range attack.All {
+			o := attack.Run(ctx, sb, env, name)
+			outs = append(outs, o)
+			if !o.Blocked {
+				t.Errorf("attack %s: %s (%s): %s", name, o.Verdict, o.How, o.Detail)
+			}
 		}
-	}
-	var b strings.Builder
-	attack.Scoreboard(&b, outs)
-	t.Logf("\n%s", b.String())
+		var b strings.Builder
+		attack.Scoreboard(&b, outs)
+		t.Logf("\n%s", b.String())
+	})
 }
 
 // A shared object the run drops cannot be loaded (every writable place is
 // noexec), and the result's notes say why; a run without it gets no note.
 func TestNoexecNote(t *testing.T) {
 	needEngine(t)
+	forDrivers(t, testNoexecNote)
+}
+
+func testNoexecNote(t *testing.T, factory sandboxtest.Factory) {
 	sb := factory(t, moat.Limits{})
 	defer sb.Close()
 	const code = `import ctypes, ctypes.util, os, shutil

@@ -2,6 +2,7 @@ package container
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"time"
 
@@ -79,3 +80,56 @@ func (p *Prepared) Start(ctx context.Context, code []byte) error {
 
 // Discard discards the container.
 func (p *Prepared) Discard() { p.in.Discard() }
+
+// RuncPrepared is one container prepared by a runc-driven Sandbox's
+// backend, for tests that look at it from the host before its run.
+type RuncPrepared struct{ in *runcInstance }
+
+// PrepareRunc prepares one container of sb, which must use the runc
+// driver, as the pool does.
+func PrepareRunc(ctx context.Context, sb *Sandbox) (*RuncPrepared, error) {
+	in, err := sb.r.Prepare(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &RuncPrepared{in.(*runcInstance)}, nil
+}
+
+// Pid is the host pid of the container's init.
+func (p *RuncPrepared) Pid() int { return p.in.pid }
+
+// UID is the uid the container runs as.
+func (p *RuncPrepared) UID() int { return p.in.lease.UID }
+
+// Discard discards the container.
+func (p *RuncPrepared) Discard() { p.in.Discard() }
+
+// RuncOwner is the owner id under which sb's runc containers, bundles and
+// cgroups are named.
+func RuncOwner(sb *Sandbox) string { return sb.r.owner }
+
+// RuncLeftoversOf lists what the runc driver of owner id has on the host.
+func RuncLeftoversOf(id string) []string { return runcLeftovers(defaultRuncPaths, id) }
+
+// RuncProbeWithSeccomp runs the seccomp probe of a runc-driven Sandbox
+// made with cfg whose containers get the OCI filter seccompJSON instead of
+// moat's, and returns its error.
+func RuncProbeWithSeccomp(cfg Config, seccompJSON string) error {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return err
+	}
+	b, err := newRuncBackend(cfg, defaultRuncPaths)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	b.seccomp = new(ociSeccomp)
+	if err := json.Unmarshal([]byte(seccompJSON), b.seccomp); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err = b.probeSeccomp(ctx)
+	return err
+}

@@ -27,6 +27,7 @@ import (
 	"github.com/moatsandbox/moat"
 	moatcontainer "github.com/moatsandbox/moat/container"
 	"github.com/moatsandbox/moat/image"
+	"github.com/moatsandbox/moat/sandboxtest"
 )
 
 // syscallProbe is Python that tries the calls moat's container profile
@@ -133,6 +134,10 @@ func TestSeccompRefusesFromInside(t *testing.T) {
 		}
 	}
 
+	forDrivers(t, func(t *testing.T, factory sandboxtest.Factory) { checkSeccompInside(t, factory, code) })
+}
+
+func checkSeccompInside(t *testing.T, factory sandboxtest.Factory, code string) {
 	sb := factory(t, moat.Limits{})
 	defer sb.Close()
 	res, err := sb.Run(context.Background(), moat.Request{Code: []byte(code)})
@@ -212,6 +217,10 @@ type runAt struct {
 // its own, from the level's range, owning its working directory.
 func TestPerRunUID(t *testing.T) {
 	needEngine(t)
+	forDrivers(t, testPerRunUID)
+}
+
+func testPerRunUID(t *testing.T, factory sandboxtest.Factory) {
 	sb := factory(t, moat.Limits{})
 	defer sb.Close()
 	code := []byte(`import os, time
@@ -270,6 +279,10 @@ func TestInotifyPerUID(t *testing.T) {
 	if err != nil || max <= 0 {
 		t.Fatalf("max_user_instances %q", b)
 	}
+	forDrivers(t, func(t *testing.T, factory sandboxtest.Factory) { checkInotifyPerUID(t, factory, max) })
+}
+
+func checkInotifyPerUID(t *testing.T, factory sandboxtest.Factory, max int) {
 	sb := factory(t, moat.Limits{OpenFiles: max + 64, WallTime: moat.Duration(90 * time.Second)})
 	defer sb.Close()
 

@@ -388,11 +388,16 @@ func runcLeftovers(paths runcPaths, id string) []string {
 		}
 	}
 	if m, err := cgroupMounts(); err == nil {
-		for c, mp := range m {
+		seen := map[string]bool{}
+		for _, mp := range m {
+			if seen[mp] {
+				continue
+			}
+			seen[mp] = true
 			es, _ := os.ReadDir(filepath.Join(mp, paths.cgroupParent))
 			for _, e := range es {
 				if strings.HasPrefix(e.Name(), id+"-") {
-					left = append(left, "cgroup "+c+":"+e.Name())
+					left = append(left, "cgroup "+filepath.Join(mp, paths.cgroupParent, e.Name()))
 				}
 			}
 		}

@@ -108,12 +108,16 @@ func (b *runcBackend) prepare() (_ *runcInstance, err error) {
 	return in, nil
 }
 
-// startRunc starts `runc run --keep` with pipes for its stdio; runc's own
-// messages go to its log in the bundle, never to the run's stderr.
+// startRunc starts `runc run --keep` with the run's pipes passed through
+// to the container's init as fds 3, 4 and 5 (--preserve-fds), which its
+// shell makes Python's stdin, stdout and stderr (runcSpec): the code and
+// the output do not pass through runc's own copies of its stdio (which is
+// /dev/null), and runc's messages go to its log in the bundle, never to
+// the run's stderr.
 func (in *runcInstance) startRunc() error {
 	b := in.b
 	cmd := exec.Command(b.runc, "--root", b.root, "--log", filepath.Join(in.bundle, "runc.log"), "--log-format", "json",
-		"run", "--keep", "--bundle", in.bundle, in.id)
+		"run", "--keep", "--preserve-fds", "3", "--bundle", in.bundle, in.id)
 	cmd.Env = runcEnv()
 	var child []*os.File
 	defer func() {
@@ -133,15 +137,16 @@ func (in *runcInstance) startRunc() error {
 	if r, in.stdin, err = pipe(); err != nil {
 		return err
 	}
-	child, cmd.Stdin = append(child, r), r
+	child = append(child, r)
 	if in.stdout, w, err = pipe(); err != nil {
 		return err
 	}
-	child, cmd.Stdout = append(child, w), w
+	child = append(child, w)
 	if in.stderr, w, err = pipe(); err != nil {
 		return err
 	}
-	child, cmd.Stderr = append(child, w), w
+	child = append(child, w)
+	cmd.ExtraFiles = child // fds 3, 4, 5
 	if err := cmd.Start(); err != nil {
 		return unavailable("runc does not start", "check "+b.runc, err)
 	}

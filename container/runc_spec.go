@@ -161,6 +161,15 @@ func ociSeccompOf(p *profile) (*ociSeccomp, error) {
 	return &out, nil
 }
 
+// runcCmd is the init of a runc-driven container: a shell, as in the
+// Docker path (spec.cmd), that first makes the pipes moat passed through
+// runc as fds 3, 4 and 5 its stdin, stdout and stderr, and closes them
+// (so that the code gets only those three), then runs Python and passes
+// its status on (128+N for a death by signal N).
+func (s *spec) runcCmd() []string {
+	return []string{"/bin/sh", "-c", "exec 0<&3 1>&4 2>&5 3<&- 4>&- 5>&-; " + s.python + " -; exit $?"}
+}
+
 // runcSpec is the OCI spec of one run of the runc driver as uid, in
 // cgroup cgroupsPath, over the read-only rootfs: every protection of the
 // Docker path (spec.hostConfig), written out for runc, with nothing to turn
@@ -192,7 +201,7 @@ func (s *spec) runcSpec(rootfs, cgroupsPath string, uid int, sc *ociSeccomp) *oc
 		Version: "1.0.2",
 		Process: ociProcess{
 			User: ociUser{UID: uint32(uid), GID: uint32(uid), AdditionalGids: []uint32{}},
-			Args: s.cmd(),
+			Args: s.runcCmd(),
 			Env:  s.env(),
 			Cwd:  image.WorkDir,
 			Capabilities: ociCapabilities{
