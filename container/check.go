@@ -188,14 +188,44 @@ func runcFixed(v string) bool {
 // Check says whether the container level can run here, for `moat doctor`:
 // whether the engine answers and its version, the runtime and whether its
 // runc predates the November 2025 fixes, seccomp, and the image with its
-// age. It never fails; what it cannot find is in the Availability.
+// age; and whether the runc driver (Config.Driver) could run. With the
+// runc driver the level is available when runc is, and the engine's
+// details say whether sessions are. It never fails; what it cannot find
+// is in the Availability.
 func Check(ctx context.Context, cfg Config) moat.Availability {
-	a := moat.Availability{Level: moat.LevelContainer}
 	cfg, err := cfg.withDefaults()
 	if err != nil {
-		a.Reason, a.Remedy = err.Error(), "fix the configuration"
-		return a
+		return moat.Availability{Level: moat.LevelContainer, Reason: err.Error(), Remedy: "fix the configuration"}
 	}
+	d := checkDocker(ctx, cfg)
+	rline := "driver runc (container.driver \"runc\"): "
+	f, rerr := findRuncDriver(cfg)
+	if rerr == nil {
+		rline += fmt.Sprintf("could run one-shot runs with runc-moat %s at %s over %s", f.version, f.path, f.rootfs)
+	} else {
+		rline += "unavailable: " + moat.Unavailable(moat.LevelContainer, rerr).Reason
+	}
+	if cfg.Driver != DriverRunc {
+		d.Details = append(d.Details, "driver: docker (one-shot runs and sessions through the Engine API)", rline)
+		return d
+	}
+	a := moat.Availability{Level: moat.LevelContainer, Available: rerr == nil}
+	a.Details = append(a.Details, "driver: runc (one-shot runs with runc directly; sessions through the Docker engine)", rline)
+	if rerr != nil {
+		u := moat.Unavailable(moat.LevelContainer, rerr)
+		a.Reason, a.Remedy = u.Reason, u.Remedy
+	} else if !d.Available {
+		a.Reason = "one-shot runs only: sessions need the Docker engine, which is unavailable: " + d.Reason
+	}
+	for _, l := range d.Details {
+		a.Details = append(a.Details, "sessions: "+l)
+	}
+	return a
+}
+
+// checkDocker is Check for the Docker path; cfg has its defaults.
+func checkDocker(ctx context.Context, cfg Config) moat.Availability {
+	a := moat.Availability{Level: moat.LevelContainer}
 	cli, err := newClient()
 	if err != nil {
 		a.Reason, a.Remedy = "no Docker client: "+err.Error(), "set DOCKER_HOST or run scripts/setup-docker.sh"

@@ -102,38 +102,16 @@ var (
 )
 
 // newRuncBackend checks that the runc driver can run here with every
-// protection and returns its backend, with no container yet. It fails
-// with an error wrapping moat.ErrUnavailable when it cannot: moat is not
-// root, runc is missing, without seccomp or older than the November 2025
-// fixes (unless cfg allows it), the root filesystem is not built, or an
-// egress proxy is asked (the driver does not place it yet).
+// protection (findRuncDriver), reaps what dead moats left, and returns its
+// backend, with no container yet. It fails with an error wrapping
+// moat.ErrUnavailable when it cannot: moat is not root, runc is missing,
+// without seccomp or older than the November 2025 fixes (unless cfg
+// allows it), the root filesystem is not built, another image or an
+// egress proxy is asked (the driver does not place the proxy yet).
 func newRuncBackend(cfg Config, paths runcPaths) (*runcBackend, error) {
-	if os.Geteuid() != 0 {
-		return nil, unavailable("the runc driver needs moat to be root: it makes the containers' namespaces and cgroups itself", "run moat as root, or use the docker driver", nil)
-	}
-	if cfg.Egress != nil {
-		return nil, unavailable("the runc driver gives no network to its containers: it does not place the egress proxy in them", "use the docker driver for a sandbox with egress", nil)
-	}
-	if cfg.Image != "" && cfg.Image != cfg.SharedImage.Tag() {
-		return nil, unavailable("the runc driver runs the shared root filesystem that 'moat image build' makes, not image "+cfg.Image, "leave container.image empty, or use the docker driver", nil)
-	}
-	path := findRunc()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	ver := runcVersion(ctx, path)
-	if ver == "" {
-		return nil, unavailable("no runc at "+path+" that tells its version", "run scripts/setup-docker.sh (as root) to build it, or set MOAT_LIBEXEC", nil)
-	}
-	if !runcFixed(ver) && !cfg.AllowVulnerableRuntime {
-		return nil, unavailable(fmt.Sprintf("%s is runc %s, older than the fixes for the November 2025 container escapes", path, ver),
-			"run scripts/setup-docker.sh (as root) to build a fixed runc, or set AllowVulnerableRuntime", nil)
-	}
-	if err := runcHasSeccomp(ctx, path); err != nil {
-		return nil, unavailable(path+" cannot apply seccomp filters", "build runc with -tags seccomp (scripts/setup-docker.sh does)", err)
-	}
-	rootfs := image.Path(cfg.SharedImage)
-	if _, err := os.Stat(filepath.Join(rootfs, strings.TrimPrefix(cfg.Python, "/"))); err != nil {
-		return nil, unavailable("the shared root filesystem is not built ("+rootfs+")", "run '"+cfg.SharedImage.BuildCommand()+"' (as root)", err)
+	f, err := findRuncDriver(cfg)
+	if err != nil {
+		return nil, err
 	}
 	prof, err := newProfile(false)
 	if err != nil {
@@ -148,9 +126,9 @@ func newRuncBackend(cfg Config, paths runcPaths) (*runcBackend, error) {
 		return nil, unavailable("the runc driver cannot name its owner", "", err)
 	}
 	b := &runcBackend{
-		runc: path, version: ver, paths: paths, owner: id,
+		runc: f.path, version: f.version, paths: paths, owner: id,
 		root:    filepath.Join(paths.state, id),
-		rootfs:  rootfs,
+		rootfs:  f.rootfs,
 		spec:    newSpec(cfg, "", nil, prof, ""),
 		seccomp: sc,
 		log:     cfg.Logger,
@@ -166,6 +144,44 @@ func newRuncBackend(cfg Config, paths runcPaths) (*runcBackend, error) {
 	}
 	b.reap()
 	return b, nil
+}
+
+// runcFound is what findRuncDriver found.
+type runcFound struct {
+	path, version, rootfs string
+}
+
+// findRuncDriver checks what the runc driver needs, without making or
+// removing anything: see newRuncBackend.
+func findRuncDriver(cfg Config) (runcFound, error) {
+	if os.Geteuid() != 0 {
+		return runcFound{}, unavailable("the runc driver needs moat to be root: it makes the containers' namespaces and cgroups itself", "run moat as root, or use the docker driver", nil)
+	}
+	if cfg.Egress != nil {
+		return runcFound{}, unavailable("the runc driver gives no network to its containers: it does not place the egress proxy in them", "use the docker driver for a sandbox with egress", nil)
+	}
+	if cfg.Image != "" && cfg.Image != cfg.SharedImage.Tag() {
+		return runcFound{}, unavailable("the runc driver runs the shared root filesystem that 'moat image build' makes, not image "+cfg.Image, "leave container.image empty, or use the docker driver", nil)
+	}
+	path := findRunc()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ver := runcVersion(ctx, path)
+	if ver == "" {
+		return runcFound{}, unavailable("no runc at "+path+" that tells its version", "run scripts/setup-docker.sh (as root) to build it, or set MOAT_LIBEXEC", nil)
+	}
+	if !runcFixed(ver) && !cfg.AllowVulnerableRuntime {
+		return runcFound{}, unavailable(fmt.Sprintf("%s is runc %s, older than the fixes for the November 2025 container escapes", path, ver),
+			"run scripts/setup-docker.sh (as root) to build a fixed runc, or set AllowVulnerableRuntime", nil)
+	}
+	if err := runcHasSeccomp(ctx, path); err != nil {
+		return runcFound{}, unavailable(path+" cannot apply seccomp filters", "build runc with -tags seccomp (scripts/setup-docker.sh does)", err)
+	}
+	rootfs := image.Path(cfg.SharedImage)
+	if _, err := os.Stat(filepath.Join(rootfs, strings.TrimPrefix(cfg.Python, "/"))); err != nil {
+		return runcFound{}, unavailable("the shared root filesystem is not built ("+rootfs+")", "run '"+cfg.SharedImage.BuildCommand()+"' (as root)", err)
+	}
+	return runcFound{path, ver, rootfs}, nil
 }
 
 // runcHasSeccomp checks, with `runc features`, that runc was built with

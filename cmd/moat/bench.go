@@ -227,12 +227,30 @@ func extraBenchTargets(fc fileConfig, l moat.Level, closers *[]moat.Sandbox) ([]
 		if err != nil {
 			return nil, err
 		}
-		return []bench.Target{{
+		targets := []bench.Target{{
 			Name:  "docker-cli",
 			Level: moat.LevelContainer,
 			Note:  "the same hardened run through docker run --rm -i",
 			Run:   func(ctx context.Context) error { return container.CLIRun(ctx, cfg) },
-		}}, nil
+		}}
+		// The other driver's row: the level with runc driven directly
+		// (or through Docker, when the configuration asks for runc).
+		other, name := container.DriverRunc, "container-runc"
+		if cfg.Driver == container.DriverRunc {
+			other, name = container.DriverDocker, "container-docker"
+		}
+		cfg.Driver = other
+		sb, err := container.New(cfg)
+		if errors.Is(err, moat.ErrUnavailable) {
+			return targets, nil // the other driver cannot run here: no row
+		}
+		if err != nil {
+			return nil, err
+		}
+		*closers = append(*closers, sb)
+		t := bench.SandboxTarget(name, sb)
+		t.Note = sb.Describe()
+		return append(targets, t), nil
 	case moat.LevelMicroVM:
 		// A second sandbox that boots a fresh VM for every run, to show
 		// what restoring the template saves.
