@@ -50,6 +50,7 @@ type runcInstance struct {
 	stdin   *os.File // the write end of runc's stdin
 	stdout  *os.File // the read end of runc's stdout
 	stderr  *os.File // the read end of runc's stderr
+	ready   *os.File // the read end of the init's cue that it runs (runcCmd)
 	exited  chan struct{}
 	waitErr error // runc's end, once exited is closed
 
@@ -117,7 +118,7 @@ func (b *runcBackend) prepare() (_ *runcInstance, err error) {
 func (in *runcInstance) startRunc() error {
 	b := in.b
 	cmd := exec.Command(b.runc, "--root", b.root, "--log", filepath.Join(in.bundle, "runc.log"), "--log-format", "json",
-		"run", "--keep", "--preserve-fds", "3", "--bundle", in.bundle, in.id)
+		"run", "--keep", "--preserve-fds", "4", "--bundle", in.bundle, in.id)
 	cmd.Env = runcEnv()
 	var child []*os.File
 	defer func() {
@@ -146,7 +147,11 @@ func (in *runcInstance) startRunc() error {
 		return err
 	}
 	child = append(child, w)
-	cmd.ExtraFiles = child // fds 3, 4, 5
+	if in.ready, w, err = pipe(); err != nil {
+		return err
+	}
+	child = append(child, w)
+	cmd.ExtraFiles = child // fds 3, 4, 5, 6
 	if err := cmd.Start(); err != nil {
 		return unavailable("runc does not start", "check "+b.runc, err)
 	}
@@ -168,19 +173,33 @@ func (in *runcInstance) startRunc() error {
 // mounts) is in place.
 func (in *runcInstance) check() error {
 	b := in.b
+	// The cue that runc's init has exec'd the shell (or, at EOF, that runc
+	// ended without).
+	in.ready.SetReadDeadline(time.Now().Add(runcStartTimeout))
+	n, _ := in.ready.Read(make([]byte, 1))
+	in.ready.Close()
+	in.ready = nil
+	if n == 0 {
+		select {
+		case <-in.exited:
+			return in.runcFailure("runc ended before the container's init started")
+		default:
+			return fmt.Errorf("container: runc did not start the container's init within %v", runcStartTimeout)
+		}
+	}
 	pid, err := in.findInit()
 	if err != nil {
 		return err
 	}
 	in.pid = pid
-	n, err := initSeccomp(pid)
-	if err == nil && b.filters != 0 && n != b.filters {
-		err = fmt.Errorf("container: the run's init runs under %d seccomp filters, the probe's under %d", n, b.filters)
+	nf, err := initSeccomp(pid)
+	if err == nil && b.filters != 0 && nf != b.filters {
+		err = fmt.Errorf("container: the run's init runs under %d seccomp filters, the probe's under %d", nf, b.filters)
 	}
 	if err != nil {
 		return unavailable("a container would run without moat's seccomp filter", "check "+b.runc, err)
 	}
-	b.lastFilters.Store(int64(n))
+	b.lastFilters.Store(int64(nf))
 	if err := checkCreds(pid, in.lease.UID); err != nil {
 		return unavailable("a container of the runc driver would run with more than moat allows", "check "+b.runc, err)
 	}
@@ -398,14 +417,25 @@ func (in *runcInstance) Discard() {
 	if in.p != nil {
 		in.p.end()
 	}
-	for _, f := range []*os.File{in.stdin, in.stdout, in.stderr} {
+	for _, f := range []*os.File{in.stdin, in.stdout, in.stderr, in.ready} {
 		if f != nil {
 			f.Close()
 		}
 	}
 	b := in.b
 	remove := func() {
-		if err := deleteContainer(b.runc, b.root, in.id, b.paths); err != nil {
+		// runc has exited, and with it the container's init and every
+		// process of its PID namespace: what is left is runc's state and
+		// the cgroups, which moat removes itself, as runc delete would,
+		// without starting another runc per run.
+		err := removeCgroups(b.paths.cgroupParent, in.id)
+		if err == nil {
+			err = os.RemoveAll(filepath.Join(b.root, in.id))
+		}
+		if err != nil {
+			err = deleteContainer(b.runc, b.root, in.id, b.paths)
+		}
+		if err != nil {
 			b.log.Warn("container: delete a runc container", "id", in.id, "err", err)
 			return // the uid stays leased: something of the container may run as it
 		}

@@ -163,11 +163,14 @@ func ociSeccompOf(p *profile) (*ociSeccomp, error) {
 
 // runcCmd is the init of a runc-driven container: a shell, as in the
 // Docker path (spec.cmd), that first makes the pipes moat passed through
-// runc as fds 3, 4 and 5 its stdin, stdout and stderr, and closes them
-// (so that the code gets only those three), then runs Python and passes
-// its status on (128+N for a death by signal N).
+// runc as fds 3, 4 and 5 its stdin, stdout and stderr, says on fd 6 that
+// it runs (runc's init has exec'd it: moat then checks it from the host,
+// once, instead of polling /proc while runc works) and closes fds 3 to 6,
+// so that the code gets only its three; then runs Python and passes its
+// status on (128+N for a death by signal N). The byte on fd 6 is only a
+// cue to look: what decides is what the host sees in /proc.
 func (s *spec) runcCmd() []string {
-	return []string{"/bin/sh", "-c", "exec 0<&3 1>&4 2>&5 3<&- 4>&- 5>&-; " + s.python + " -; exit $?"}
+	return []string{"/bin/sh", "-c", "exec 0<&3 1>&4 2>&5 3<&- 4>&- 5>&-; echo >&6; exec 6>&-; " + s.python + " -; exit $?"}
 }
 
 // runcSpec is the OCI spec of one run of the runc driver as uid, in
