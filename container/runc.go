@@ -244,14 +244,6 @@ func (b *runcBackend) Close() error {
 	return nil
 }
 
-// runcCmd is a command of b's runc on its own state root.
-func (b *runcBackend) runcCmd(ctx context.Context, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, b.runc, append([]string{"--root", b.root}, args...)...)
-	cmd.Env = runcEnv()
-	cmd.WaitDelay = 5 * time.Second
-	return cmd
-}
-
 // deleteTimeout bounds a runc delete.
 const deleteTimeout = 30 * time.Second
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/moatsandbox/moat"
 	moatcontainer "github.com/moatsandbox/moat/container"
+	"github.com/moatsandbox/moat/internal/egress"
 	"github.com/moatsandbox/moat/sandboxtest"
 )
 
@@ -241,6 +242,7 @@ func TestRuncRefuses(t *testing.T) {
 	needRunc(t)
 	for name, cfg := range map[string]moatcontainer.Config{
 		"another image": {Driver: moatcontainer.DriverRunc, Image: "debian:12"},
+		"egress":        {Driver: moatcontainer.DriverRunc, Egress: new(egress.Proxy)},
 	} {
 		if _, err := moatcontainer.New(cfg); !errors.Is(err, moat.ErrUnavailable) {
 			t.Errorf("%s: %v, want ErrUnavailable", name, err)
