@@ -101,6 +101,34 @@
 // container carries the labels of every container (and moat.session=1),
 // so the reaper removes it once its owner is gone.
 //
+// With Config.Driver "runc", one-shot runs skip Docker: each container is
+// an OCI bundle moat writes (config.json) over the shared root filesystem
+// of package image (the one the gvisor level runs), started with `runc run
+// --keep` in the foreground by the runc that scripts/setup-docker.sh builds
+// (runc-moat, the same version rule as above), with its stdio the run's
+// own pipes, passed through (see runc.go, runc_run.go, runc_spec.go).
+// Every protection above is written into the spec, with no way to turn one
+// off: namespaces pid, ipc, uts, mount, cgroup and network (a new one, its
+// loopback down), no capability in any set, no_new_privs, moat's seccomp
+// profile converted field for field to linux.seccomp, Docker's masked and
+// read-only /proc paths, no /sys, runc's default /dev, the tmpfs mounts
+// and rlimits of the Docker path, memory (swap equal), pids and CPU quota
+// in the cgroup, an OOM score of 1000, the environment PATH, HOME and
+// LANG, the leased uid and gid with no supplementary group. Before any
+// code is written, the host checks the init's seccomp filter (as many as
+// the driver's own probe container showed), capabilities, no_new_privs,
+// credentials and namespaces, and watches it as above. The evidence is
+// runc's exit code (the init's status, 128+N for signal N), the memory
+// cgroup's OOM kills and the pids controller's refusals (kept past the
+// run by --keep), and the watch's; a kill is a SIGKILL to the init's
+// pidfd, which ends its PID namespace. Runc's state lives under
+// /run/moat/runc/<owner id> (internal/owner), the bundles in
+// /run/moat/runc-bundles, the cgroups under moat-runc/, all named with the
+// owner id, so New reaps a dead moat's and never a live one's. The driver
+// needs root, the shared image and no egress; sessions still go through
+// Docker (NewSession fails with moat.ErrUnavailable when the engine is not
+// usable, while one-shot runs go on).
+//
 // The image is the root filesystem that package image builds, imported
 // into the engine by ImportImage (which `moat image build` calls) under
 // image.Config.Tag and labelled with its key (ImageLabel); InspectImage
