@@ -19,7 +19,7 @@ func TestContainerClaimsByDriver(t *testing.T) {
 	var docker, runc fileConfig
 	runc.Container.Driver = container.DriverRunc
 	egress := 0
-	for _, a := range attack.All {
+	for _, a := range append(append([]attack.Name{}, attack.All...), attack.EgressAttacks...) {
 		if !e.claims(docker, a) {
 			t.Errorf("the docker driver does not claim %s", a)
 		}
