@@ -102,6 +102,7 @@ r['groups'] = st['Groups'].strip()
 r['oom'] = open('/proc/self/oom_score_adj').read().strip()
 r['env'] = sorted(os.environ)
 r['host'] = os.uname().nodename
+r['fds'] = sorted(int(f) for f in os.listdir('/proc/self/fd'))
 r['lo'] = open('/sys/class/net/lo/operstate').read() if os.path.exists('/sys/class/net/lo') else [l.split()[0] for l in open('/proc/self/net/dev').read().splitlines()[2:]]
 print(json.dumps(r))
 `)})
@@ -112,6 +113,7 @@ print(json.dumps(r))
 		// A masked file reads as empty; one this kernel does not have is
 		// missing inside too.
 		wants := []string{`"sys": false`, `"groups": ""`, `"oom": "1000"`, `"env": ["HOME", "LANG", "PATH", "PWD"]`, `"host": "sandbox"`,
+			`"fds": [0, 1, 2, 3]`, // its stdio and listdir's own: none of runc's or moat's
 			`"dev": ["fd", "full", "null", "ptmx", "pts", "random", "shm", "stderr", "stdin", "stdout", "tty", "urandom", "zero"]`}
 		for _, p := range []string{"/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug"} {
 			if _, err := os.Stat(p); err == nil {
