@@ -1,0 +1,111 @@
+package gvisor
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/internal/engine"
+)
+
+// Recycling (Config.Recycle). A tenant's recycled sandbox is a plain
+// session's (session.go): each run a python3 in a PID and an IPC
+// namespace of its own, so that when the run's init ends, gVisor's kernel
+// has ended every process of the run and its SysV IPC objects are gone.
+// What a run leaves behind is then only in the three writable places, the
+// tmpfs mounts /work, /tmp and /dev/shm of the sandbox's own kernel (the
+// root is read-only); Reset empties them with wipeCode, run as a run is
+// (the session's uid, the guest seccomp filter, a namespace of its own),
+// and restores their modes.
+//
+// What could make the wipe look done while it is not: the files the code
+// left, and only them (none of its processes is left). wipeCode imports
+// nothing: the modules it uses (os, and os.path) are loaded as python3
+// starts, before the working directory is on sys.path, so a module the
+// code planted there is never loaded; and python3 -s reads no user site.
+// It never follows a link (lstat, scandir without following), walks with
+// a list instead of recursion (a deep tree cannot exhaust the stack), and
+// exits 0 only when it has listed the three places empty afterwards. Its
+// exit status is the launcher's report of waitpid, outside the run's
+// namespace; and what it prints must be exactly the nonce-free word
+// "wiped" too, so that a wipe that never ran (a python3 that did not
+// start) is not taken for one.
+
+// wipeCode empties the writable places. It must import nothing.
+const wipeCode = `
+import os
+places = (('/work', 0o700), ('/tmp', 0o1777), ('/dev/shm', 0o1777))
+def wipe(top, mode):
+    os.chmod(top, 0o700)
+    stack, dirs = [top], []
+    while stack:
+        d = stack.pop()
+        if d != top:
+            os.chmod(d, 0o700)
+            dirs.append(d)
+        with os.scandir(d) as it:
+            for e in it:
+                p = os.path.join(d, e.name)
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(p)
+                else:
+                    os.unlink(p)
+    for d in reversed(dirs):
+        os.rmdir(d)
+    os.chmod(top, mode)
+for top, mode in places:
+    wipe(top, mode)
+for top, mode in places:
+    if os.listdir(top) or os.lstat(top).st_mode & 0o7777 != mode:
+        raise SystemExit(3)
+print('wiped', end='')
+`
+
+// Reset empties a recycled sandbox for its tenant's next run: see
+// engine.Recycler.
+func (b *backend) Reset(ctx context.Context, inst engine.SessionInstance) error {
+	ss, ok := inst.(*session)
+	if f, isFiles := inst.(filesOnly); isFiles {
+		ss, ok = f.SessionInstance.(*session)
+	}
+	if !ok || ss.interpreter {
+		return fmt.Errorf("gvisor: recycle: not a plain session of this level: %w", moat.ErrInvalid)
+	}
+	var out, errOut limited
+	p, err := ss.Start(ctx, []byte(wipeCode), &out, &errOut)
+	if err != nil {
+		return fmt.Errorf("gvisor: recycle: start the wipe: %w", err)
+	}
+	stop := context.AfterFunc(ctx, p.Kill)
+	ev, err := p.Wait()
+	stop()
+	if err != nil {
+		return fmt.Errorf("gvisor: recycle: the wipe: %w", err)
+	}
+	if !ev.Exited || ev.Status != engine.Exit(0) || ev.Spent || out.String() != "wiped" {
+		return fmt.Errorf("gvisor: recycle: the wipe did not finish (exited %v, status %v, output %q, stderr %q)",
+			ev.Exited, ev.Status, clip(out.Bytes(), 100), clip(errOut.Bytes(), 300))
+	}
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.broken != nil {
+		return ss.broken
+	}
+	if ss.closed {
+		return errors.New("gvisor: recycle: the session closed")
+	}
+	ss.spent = 0
+	return nil
+}
+
+// limited keeps the first 4 KiB written to it and drops the rest.
+type limited struct{ bytes.Buffer }
+
+func (l *limited) Write(p []byte) (int, error) {
+	if room := 4096 - l.Len(); room > 0 {
+		l.Buffer.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
+}
