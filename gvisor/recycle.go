@@ -18,7 +18,9 @@ import (
 // tmpfs mounts /work, /tmp and /dev/shm of the sandbox's own kernel (the
 // root is read-only); Reset empties them with wipeCode, run as a run is
 // (the session's uid, the guest seccomp filter, a namespace of its own),
-// and restores their modes.
+// and restores their modes. Unlike a session's, a recycled sandbox is not
+// paused between runs: nothing of the code's is left to hold still, and a
+// run then costs no runsc resume and pause.
 //
 // What could make the wipe look done while it is not: the files the code
 // left, and only them (none of its processes is left). wipeCode imports
@@ -29,9 +31,8 @@ import (
 // a list instead of recursion (a deep tree cannot exhaust the stack), and
 // exits 0 only when it has listed the three places empty afterwards. Its
 // exit status is the launcher's report of waitpid, outside the run's
-// namespace; and what it prints must be exactly the nonce-free word
-// "wiped" too, so that a wipe that never ran (a python3 that did not
-// start) is not taken for one.
+// namespace; and it must have printed "wiped" too, so that a python3 that
+// never ran the wipe is not taken for one that did.
 
 // wipeCode empties the writable places. It must import nothing.
 const wipeCode = `
@@ -63,14 +64,34 @@ for top, mode in places:
 print('wiped', end='')
 `
 
+// NewRecycled boots a plain session's sandbox for one tenant's runs: see
+// engine.Recycler.
+func (b *backend) NewRecycled(ctx context.Context) (engine.SessionInstance, error) {
+	inst, err := b.NewSession(ctx, moat.SessionOptions{})
+	if err != nil {
+		return nil, err
+	}
+	ss := sessionOf(inst)
+	ss.mu.Lock()
+	ss.recycled = true
+	ss.mu.Unlock()
+	return inst, nil
+}
+
+// sessionOf is the session under inst, or nil.
+func sessionOf(inst engine.SessionInstance) *session {
+	if f, ok := inst.(filesOnly); ok {
+		inst = f.SessionInstance
+	}
+	ss, _ := inst.(*session)
+	return ss
+}
+
 // Reset empties a recycled sandbox for its tenant's next run: see
 // engine.Recycler.
 func (b *backend) Reset(ctx context.Context, inst engine.SessionInstance) error {
-	ss, ok := inst.(*session)
-	if f, isFiles := inst.(filesOnly); isFiles {
-		ss, ok = f.SessionInstance.(*session)
-	}
-	if !ok || ss.interpreter {
+	ss := sessionOf(inst)
+	if ss == nil || !ss.recycled {
 		return fmt.Errorf("gvisor: recycle: not a plain session of this level: %w", moat.ErrInvalid)
 	}
 	var out, errOut limited

@@ -138,7 +138,11 @@ type session struct {
 	// one ended. interp and ended are the runs' (which the engine
 	// serializes) and Close's, after them; interp is set under mu.
 	interpreter bool
-	init        *initConn // the container's init (interpinit.go)
+	// recycled says the session serves one tenant's one-shot runs
+	// (recycle.go): it is not paused between them, since nothing of a
+	// run is left after its reset but moat's own launcher waiting.
+	recycled bool
+	init     *initConn // the container's init (interpinit.go)
 	initErr     tail      // what the init wrote on its stderr
 	interp      *driver
 	ended       string
@@ -383,7 +387,7 @@ func (ss *session) release() {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	ss.holds--
-	if ss.holds == 0 && !ss.closed && ss.broken == nil && ss.bt.alive() {
+	if ss.holds == 0 && !ss.recycled && !ss.closed && ss.broken == nil && ss.bt.alive() {
 		ss.pauseLocked()
 	}
 }

@@ -13,8 +13,8 @@ import (
 
 // Recycling (Config.Recycle): consecutive runs of one tenant
 // (moat.Request.Tenant) may reuse one instance, reset between them. The
-// instance is a plain session of the level's (SessionBackend.NewSession)
-// whose backend can reset it ([Recycler]); the engine keeps, per tenant,
+// instance is the level's ([Recycler]): a plain session's, made and reset
+// by the backend; the engine keeps, per tenant,
 // the instances reset and waiting (parked), hands one to a run of that
 // tenant only, and closes them when they are idle too long, have served
 // recycleRuns runs, fail to reset, or the sandbox closes.
@@ -25,10 +25,14 @@ import (
 // start a run (it went bad while it waited) is closed and the run goes to
 // the pool. Every Result of a recycled run says so in its notes.
 
-// Recycler is implemented by session backends whose plain sessions can
-// serve one tenant's consecutive runs.
+// Recycler is implemented by backends whose instances can serve one
+// tenant's consecutive runs.
 //
-// Reset makes inst, a plain session of b's whose last run's Process.Wait
+// NewRecycled makes such an instance: a plain session's (as
+// SessionBackend.NewSession with no options would), which the engine never
+// exposes as a session. Its Start serves one run at a time, as a session's.
+//
+// Reset makes inst, an instance NewRecycled made, whose last run's Process.Wait
 // has returned, as a fresh instance would be for the next run: every
 // process of the code's killed, every place the code could write
 // (its working directory, /tmp, /dev/shm, kernel objects that outlive a
@@ -39,7 +43,8 @@ import (
 // it. Reset must judge from the host side that the reset happened: what
 // the code left behind may try to make it look done.
 type Recycler interface {
-	SessionBackend
+	Backend
+	NewRecycled(ctx context.Context) (SessionInstance, error)
 	Reset(ctx context.Context, inst SessionInstance) error
 }
 
@@ -139,7 +144,7 @@ func (r *recycler) want(tenant string) {
 		}()
 		ctx, cancel := context.WithTimeout(context.Background(), makeTimeout)
 		defer cancel()
-		inst, err := r.b.NewSession(ctx, moat.SessionOptions{})
+		inst, err := r.b.NewRecycled(ctx)
 		if err != nil {
 			r.s.log.Warn(string(r.s.cfg.Level)+": recycle: cannot make an instance", "err", err)
 			return

@@ -28,7 +28,7 @@ type recSession struct {
 	tenantSeen string
 }
 
-func (b *recycling) NewSession(ctx context.Context, opts moat.SessionOptions) (SessionInstance, error) {
+func (b *recycling) NewRecycled(ctx context.Context) (SessionInstance, error) {
 	rs := &recSession{fakeSession: fakeSession{files: map[string]string{}}}
 	b.mu.Lock()
 	b.made = append(b.made, rs)
@@ -137,6 +137,7 @@ func run(t *testing.T, s *Sandbox, tenant, code string) *moat.Result {
 
 func TestRecycleNeedsARecycler(t *testing.T) {
 	_, err := New(Config{Level: moat.LevelSubprocess, Recycle: true}, &fakeSessions{})
+	// fakeSessions keeps sessions but cannot reset one.
 	if !errors.Is(err, moat.ErrInvalid) || !strings.Contains(err.Error(), "recycling is not supported") {
 		t.Fatalf("New with Recycle over a backend that cannot reset: %v", err)
 	}
