@@ -143,10 +143,10 @@ type session struct {
 	// run is left after its reset but moat's own launcher waiting.
 	recycled bool
 	init     *initConn // the container's init (interpinit.go)
-	initErr     tail      // what the init wrote on its stderr
-	interp      *driver
-	ended       string
-	fileOps     sync.WaitGroup // host file operations in progress (hostfiles.go)
+	initErr  tail      // what the init wrote on its stderr
+	interp   *driver
+	ended    string
+	fileOps  sync.WaitGroup // host file operations in progress (hostfiles.go)
 
 	mu     sync.Mutex // guards what follows; held while pausing and resuming
 	holds  int        // runs and file operations that need the sandbox running
