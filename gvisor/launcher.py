@@ -39,6 +39,7 @@ CLONE_NEWPID = 0x20000000
 CLONE_NEWIPC = 0x08000000
 PR_CAPBSET_DROP = 24
 RLIMIT_CPU = 0
+RLIMIT_NPROC = 6
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
@@ -65,9 +66,16 @@ def child(go_r, err_w, prog, uid, gid, cwd, python, interp, pyargs, env):
         os._exit(125)
     os.close(go_r)
     try:
+        import resource
         if interp:
-            import resource
             resource.setrlimit(RLIMIT_CPU, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        # gVisor counts a task toward its user's RLIMIT_NPROC by the uid it
+        # was created with: this process, forked as root and then made the
+        # session's uid, is not counted, so the tasks it creates get one
+        # fewer and the run, this process included, has at most the limit.
+        soft, hard = resource.getrlimit(RLIMIT_NPROC)
+        if 1 < soft != resource.RLIM_INFINITY and 1 < hard != resource.RLIM_INFINITY:
+            resource.setrlimit(RLIMIT_NPROC, (soft - 1, hard - 1))
         for cap in range(64):
             if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
                 break  # EINVAL past the last capability
