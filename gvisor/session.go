@@ -73,7 +73,9 @@ import (
 // Limits: each run gets the run limits that gVisor's kernel enforces per
 // process (the spec's rlimits, which runsc gives every exec'd process: CPU
 // time, file size, open files, and RLIMIT_NPROC for the session uid's
-// tasks, which are only the run's own, and those of a file operation in
+// tasks, which are only the run's own (the launcher gives the run's init
+// one less than Limits.Pids: gVisor counts a task by the uid it was made
+// with, and the init is made as root), and those of a file operation in
 // progress, since nothing of earlier runs is left) and the wall time; its CPU time is also watched from the host
 // cgroup while it runs. The session as a whole has the level's memory and
 // disk limits (the cgroup holds the whole sandbox; the tmpfs mounts are
