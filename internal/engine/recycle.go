@@ -20,8 +20,9 @@ import (
 // recycleRuns runs, fail to reset, or the sandbox closes.
 //
 // A run of a tenant that finds none parked runs as any other, in a fresh
-// instance of the pool; the engine then makes one for the tenant in the
-// background, so that its next runs find it. A parked instance that cannot
+// instance of the pool; when the tenant ran before, within recycleIdle,
+// the engine then makes one for it in the background, so that its next
+// runs find it (a tenant that runs once costs no instance of its own). A parked instance that cannot
 // start a run (it went bad while it waited) is closed and the run goes to
 // the pool. Every Result of a recycled run says so in its notes.
 
@@ -82,6 +83,7 @@ type recycler struct {
 	parked map[string][]*recycled // by tenant, oldest first
 	n      int                    // parked, over all tenants
 	making map[string]bool        // tenants an instance is being made for
+	seen   map[string]time.Time   // when tenants without a parked instance last ran
 	closed bool
 	bg     sync.WaitGroup // makes, resets and closes in progress
 
@@ -93,7 +95,7 @@ func newRecycler(s *Sandbox, b Backend) (*recycler, error) {
 	if !ok {
 		return nil, fmt.Errorf("%s: recycling is not supported at this level: %w", s.cfg.Level, moat.ErrInvalid)
 	}
-	return &recycler{s: s, b: rb, parked: map[string][]*recycled{}, making: map[string]bool{}}, nil
+	return &recycler{s: s, b: rb, parked: map[string][]*recycled{}, making: map[string]bool{}, seen: map[string]time.Time{}}, nil
 }
 
 // take returns the instance of tenant's parked longest, or nil.
@@ -127,12 +129,30 @@ func (r *recycler) unparkLocked(rc *recycled) {
 	rc.idle.Stop()
 }
 
-// want makes an instance for tenant in the background, unless one is
-// being made for it already or the sandbox is closing.
+// maxSeen bounds the tenants want remembers.
+const maxSeen = 4096
+
+// want makes an instance for tenant in the background when the tenant ran
+// before within recycleIdle, unless one is being made for it already or
+// the sandbox is closing.
 func (r *recycler) want(tenant string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.closed || r.making[tenant] {
+	now := time.Now()
+	last, again := r.seen[tenant]
+	again = again && now.Sub(last) < recycleIdle
+	if len(r.seen) >= maxSeen {
+		for t, at := range r.seen {
+			if now.Sub(at) >= recycleIdle {
+				delete(r.seen, t)
+			}
+		}
+		if len(r.seen) >= maxSeen {
+			clear(r.seen)
+		}
+	}
+	r.seen[tenant] = now
+	if r.closed || r.making[tenant] || !again {
 		return
 	}
 	r.making[tenant] = true

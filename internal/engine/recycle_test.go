@@ -145,10 +145,17 @@ func TestRecycleNeedsARecycler(t *testing.T) {
 
 func TestRecycleWithinOneTenant(t *testing.T) {
 	s, b := newRecycling(t)
-	// The first run goes to the pool; an instance is made for the tenant
-	// meanwhile.
+	// The first run goes to the pool, and makes no instance for a tenant
+	// that may never run again; the second one does.
 	if res := run(t, s, "alice", "exit 0"); recycledNote(res) != "" {
 		t.Fatalf("a first run is not recycled: %v", res.Notes)
+	}
+	waitMade(t, s)
+	if made, _ := b.counts(); made != 0 {
+		t.Fatal("an instance was made for a tenant's first run")
+	}
+	if res := run(t, s, "alice", "exit 0"); recycledNote(res) != "" {
+		t.Fatalf("a second run that found none parked is not recycled: %v", res.Notes)
 	}
 	waitParked(t, s, 1)
 	// Its first run leaves a file; the reset removes it before the next.
@@ -173,11 +180,12 @@ func TestRecycleWithinOneTenant(t *testing.T) {
 func TestRecycleNeverAcrossTenants(t *testing.T) {
 	s, b := newRecycling(t)
 	run(t, s, "alice", "exit 0")
+	run(t, s, "alice", "exit 0")
 	waitParked(t, s, 1)
 	run(t, s, "alice", "leave")
 	// While alice's instance is parked, bob's runs never get it, nor do
 	// runs without a tenant.
-	for _, tenant := range []string{"bob", ""} {
+	for _, tenant := range []string{"bob", "bob", ""} {
 		if res := run(t, s, tenant, "exit 0"); recycledNote(res) != "" {
 			t.Fatalf("tenant %q got a recycled instance: %v", tenant, res.Notes)
 		}
@@ -215,6 +223,7 @@ func TestRecycleOffByDefault(t *testing.T) {
 func TestRecycleFailedResetCloses(t *testing.T) {
 	s, b := newRecycling(t)
 	run(t, s, "alice", "exit 0")
+	run(t, s, "alice", "exit 0")
 	waitParked(t, s, 1)
 	b.mu.Lock()
 	b.failReset = true
@@ -246,6 +255,7 @@ func TestRecycleFailedResetCloses(t *testing.T) {
 func TestRecycleSpentCloses(t *testing.T) {
 	s, b := newRecycling(t)
 	run(t, s, "alice", "exit 0")
+	run(t, s, "alice", "exit 0")
 	waitParked(t, s, 1)
 	run(t, s, "alice", "spend")
 	b.mu.Lock()
@@ -273,6 +283,7 @@ func TestRecycleKeepsAtMost(t *testing.T) {
 	s, b := newRecycling(t)
 	for i := range recycleKeep + 2 {
 		run(t, s, string(rune('a'+i)), "exit 0")
+		run(t, s, string(rune('a'+i)), "exit 0")
 		waitMade(t, s)
 		waitParked(t, s, min(i+1, recycleKeep))
 	}
@@ -298,6 +309,7 @@ func TestRecycleCloseClosesParked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	run(t, s, "alice", "exit 0")
 	run(t, s, "alice", "exit 0")
 	waitParked(t, s, 1)
 	run(t, s, "alice", "exit 0") // its reset may still run as Close starts
