@@ -25,7 +25,6 @@ type recycling struct {
 
 type recSession struct {
 	fakeSession
-	tenantSeen string
 }
 
 func (b *recycling) NewRecycled(ctx context.Context) (SessionInstance, error) {
@@ -112,6 +111,24 @@ func waitMade(t *testing.T, s *Sandbox) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("an instance for a tenant is still being made")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// waitClosed waits until inst is closed once.
+func waitClosed(t *testing.T, inst *recSession, what string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		inst.mu.Lock()
+		closed := inst.closed
+		inst.mu.Unlock()
+		if closed == 1 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s was not closed", what)
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -230,19 +247,7 @@ func TestRecycleFailedResetCloses(t *testing.T) {
 	inst := b.made[0]
 	b.mu.Unlock()
 	run(t, s, "alice", "leave")
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		inst.mu.Lock()
-		closed := inst.closed
-		inst.mu.Unlock()
-		if closed == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("an instance whose reset failed was not closed")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitClosed(t, inst, "an instance whose reset failed")
 	if s.PoolStats().Parked != 0 {
 		t.Fatal("an instance whose reset failed was parked again")
 	}
@@ -261,19 +266,7 @@ func TestRecycleSpentCloses(t *testing.T) {
 	b.mu.Lock()
 	inst := b.made[0]
 	b.mu.Unlock()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		inst.mu.Lock()
-		closed := inst.closed
-		inst.mu.Unlock()
-		if closed == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("an instance whose budget a run used up was not closed")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitClosed(t, inst, "an instance whose budget a run used up")
 	if _, resets := b.counts(); resets != 0 {
 		t.Fatal("a spent instance was reset for reuse")
 	}
