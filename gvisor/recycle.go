@@ -23,20 +23,30 @@ import (
 // run then costs no runsc resume and pause.
 //
 // What could make the wipe look done while it is not: the files the code
-// left, and only them (none of its processes is left). wipeCode imports
-// nothing: the modules it uses (os, and os.path) are loaded as python3
-// starts, before the working directory is on sys.path, so a module the
-// code planted there is never loaded; and python3 -s reads no user site.
-// It never follows a link (lstat, scandir without following), walks with
-// a list instead of recursion (a deep tree cannot exhaust the stack), and
-// exits 0 only when it has listed the three places empty afterwards. Its
-// exit status is the launcher's report of waitpid, outside the run's
-// namespace; and it must have printed "wiped" too, so that a python3 that
-// never ran the wipe is not taken for one that did.
+// left, and only them (none of its processes is left). The wipe's python3
+// (-s: no user site) starts with the working directory on sys.path, and
+// Python loads some modules only when they are needed: Python 3.13 and
+// later import traceback to print an uncaught exception, which a module
+// the code planted in /work would then be. So wipeCode, before anything
+// else, empties sys.path and leaves for / (read-only): from then on only
+// modules built into python3 or already loaded can be imported, none of
+// them the code's. It imports nothing itself (os and sys are loaded as
+// python3 starts), lets no exception escape (any error is os._exit(3), so
+// nothing is printed through Python), never follows a link (lstat,
+// scandir without following), walks with a list instead of recursion (a
+// deep tree cannot exhaust the stack; one deeper than PATH_MAX fails the
+// wipe, and the instance is closed), and exits 0 only when it has found
+// the three places empty afterwards. Its exit status is the launcher's
+// report of waitpid, outside the run's namespace; and it must have written
+// "wiped" too, so that a python3 that never ran the wipe is not taken for
+// one that did.
 
-// wipeCode empties the writable places. It must import nothing.
+// wipeCode empties the writable places. It must import nothing, and
+// nothing it does may import a module by its path: see above.
 const wipeCode = `
-import os
+import os, sys
+sys.path[:] = []
+os.chdir('/')
 places = (('/work', 0o700), ('/tmp', 0o1777), ('/dev/shm', 0o1777))
 def wipe(top, mode):
     os.chmod(top, 0o700)
@@ -56,12 +66,19 @@ def wipe(top, mode):
     for d in reversed(dirs):
         os.rmdir(d)
     os.chmod(top, mode)
-for top, mode in places:
-    wipe(top, mode)
-for top, mode in places:
-    if os.listdir(top) or os.lstat(top).st_mode & 0o7777 != mode:
-        raise SystemExit(3)
-print('wiped', end='')
+try:
+    for top, mode in places:
+        wipe(top, mode)
+    for top, mode in places:
+        if os.listdir(top) or os.lstat(top).st_mode & 0o7777 != mode:
+            os._exit(3)
+    os.write(1, b'wiped')
+except BaseException as e:
+    try:
+        os.write(2, repr(e).encode('ascii', 'replace')[:300])
+    finally:
+        os._exit(3)
+os._exit(0)
 `
 
 // NewRecycled boots a plain session's sandbox for one tenant's runs: see
