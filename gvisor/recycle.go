@@ -18,9 +18,10 @@ import (
 // tmpfs mounts /work, /tmp and /dev/shm of the sandbox's own kernel (the
 // root is read-only); Reset empties them with wipeCode, run as a run is
 // (the session's uid, the guest seccomp filter, a namespace of its own),
-// and restores their modes. Unlike a session's, a recycled sandbox is not
-// paused between runs: nothing of the code's is left to hold still, and a
-// run then costs no runsc resume and pause.
+// and restores their modes, times and extended attributes. Unlike a
+// session's, a recycled sandbox is not paused between runs: nothing of the
+// code's is left to hold still, and a run then costs no runsc resume and
+// pause.
 //
 // What could make the wipe look done while it is not: the files the code
 // left, and only them (none of its processes is left). The wipe's python3
@@ -40,6 +41,12 @@ import (
 // report of waitpid, outside the run's namespace; and it must have written
 // "wiped" too, so that a python3 that never ran the wipe is not taken for
 // one that did.
+//
+// What else a run can leave that a fresh sandbox would not have, and what
+// the wipe does about it:
+//   - marks on the three places themselves, which emptying them keeps:
+//     their extended attributes are removed and their times set to now,
+//     their modes restored.
 
 // wipeCode empties the writable places. It must import nothing, and
 // nothing it does may import a module by its path: see above.
@@ -65,12 +72,15 @@ def wipe(top, mode):
                     os.unlink(p)
     for d in reversed(dirs):
         os.rmdir(d)
+    for name in os.listxattr(top):
+        os.removexattr(top, name)
+    os.utime(top)
     os.chmod(top, mode)
 try:
     for top, mode in places:
         wipe(top, mode)
     for top, mode in places:
-        if os.listdir(top) or os.lstat(top).st_mode & 0o7777 != mode:
+        if os.listdir(top) or os.lstat(top).st_mode & 0o7777 != mode or os.listxattr(top):
             os._exit(3)
     os.write(1, b'wiped')
 except BaseException as e:
