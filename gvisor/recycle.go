@@ -14,9 +14,10 @@ import (
 // session's (session.go): each run a python3 in a PID and an IPC
 // namespace of its own, so that when the run's init ends, gVisor's kernel
 // has ended every process of the run and its SysV IPC objects are gone.
-// What a run leaves behind is then only in the three writable places, the
+// What a run leaves behind is then in the three writable places, the
 // tmpfs mounts /work, /tmp and /dev/shm of the sandbox's own kernel (the
-// root is read-only); Reset empties them with wipeCode, run as a run is
+// root is read-only), or held by no process in flight (see below); Reset
+// empties them with wipeCode, run as a run is
 // (the session's uid, the guest seccomp filter, a namespace of its own),
 // and restores their modes, times and extended attributes. Unlike a
 // session's, a recycled sandbox is not paused between runs: nothing of the
@@ -46,7 +47,16 @@ import (
 // the wipe does about it:
 //   - marks on the three places themselves, which emptying them keeps:
 //     their extended attributes are removed and their times set to now,
-//     their modes restored.
+//     their modes restored;
+//   - objects that no process holds but that are not gone either: a unix
+//     socket passed (SCM_RIGHTS) into its own queue, with whatever was
+//     passed with it (a listening socket, a memfd, a pipe), stays in
+//     flight for ever, since gVisor's kernel collects no such cycle: its
+//     memory stays charged to the sandbox and its address taken, for the
+//     next runs. Every such cycle holds a unix socket, and between runs
+//     the sandbox has none (its init, the launcher and the wipe hold
+//     none), so a wipe that finds one listed in /proc/net/unix exits 4:
+//     the instance is closed, and the tenant's next run gets a fresh one.
 
 // wipeCode empties the writable places. It must import nothing, and
 // nothing it does may import a module by its path: see above.
@@ -76,12 +86,24 @@ def wipe(top, mode):
         os.removexattr(top, name)
     os.utime(top)
     os.chmod(top, mode)
+def unix_sockets():
+    fd = os.open('/proc/net/unix', os.O_RDONLY)
+    data = b''
+    while True:
+        b = os.read(fd, 65536)
+        if not b:
+            break
+        data += b
+    os.close(fd)
+    return data.count(b'\n') - 1
 try:
     for top, mode in places:
         wipe(top, mode)
     for top, mode in places:
         if os.listdir(top) or os.lstat(top).st_mode & 0o7777 != mode or os.listxattr(top):
             os._exit(3)
+    if unix_sockets() != 0:
+        os._exit(4)
     os.write(1, b'wiped')
 except BaseException as e:
     try:
@@ -131,6 +153,9 @@ func (b *backend) Reset(ctx context.Context, inst engine.SessionInstance) error 
 	stop()
 	if err != nil {
 		return fmt.Errorf("gvisor: recycle: the wipe: %w", err)
+	}
+	if ev.Exited && ev.Status == engine.Exit(4) {
+		return errors.New("gvisor: recycle: a unix socket outlived the run (passed into its own queue, held by no process): the instance is not reused")
 	}
 	if !ev.Exited || ev.Status != engine.Exit(0) || ev.Spent || out.String() != "wiped" {
 		return fmt.Errorf("gvisor: recycle: the wipe did not finish (exited %v, status %v, output %q, stderr %q)",

@@ -10,6 +10,7 @@ import (
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/gvisor"
+	"github.com/moatsandbox/moat/internal/egress"
 )
 
 // recycler drives one tenant's recycled sandbox for the probes below.
@@ -232,12 +233,25 @@ sys.exit(1 if found else 0)
 `
 
 // TestRecycleNoInflightLeak checks that what the previous run left in
-// flight, held by no process, is not there for the next run.
+// flight, held by no process, is not there for the next run, with gVisor's
+// own network and with the host's (an egress proxy).
 func TestRecycleNoInflightLeak(t *testing.T) {
-	r := newRecycler(t, gvisor.Config{})
-	res := r.plantThenLook(plantInflight, lookInflight)
-	if res != nil && res.ExitCode != 0 {
-		t.Fatalf("the next run found what the previous one left in flight: %s", res.Stdout)
+	p, err := egress.New(egress.Config{
+		Egress: moat.Egress{Network: &moat.Network{Allow: []string{"pypi.test"}}},
+		CADir:  t.TempDir(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for name, cfg := range map[string]gvisor.Config{"none": {}, "egress": {Egress: p}} {
+		t.Run(name, func(t *testing.T) {
+			r := newRecycler(t, cfg)
+			res := r.plantThenLook(plantInflight, lookInflight)
+			if res != nil && res.ExitCode != 0 {
+				t.Fatalf("the next run found what the previous one left in flight: %s", res.Stdout)
+			}
+		})
 	}
 }
 
@@ -403,10 +417,23 @@ print('used')
 `
 
 // TestRecycleAfterSockets is the positive control of the in-flight check:
-// a run whose sockets all closed leaves an instance that is recycled.
+// a run whose sockets all closed leaves an instance that is recycled,
+// with gVisor's own network and with the host's (an egress proxy).
 func TestRecycleAfterSockets(t *testing.T) {
-	r := newRecycler(t, gvisor.Config{})
-	if res := r.plantThenLook(plantSockets, lookEmpty); res == nil || res.ExitCode != 0 {
-		t.Fatalf("a run that closed its sockets left an instance not recycled: %+v", res)
+	p, err := egress.New(egress.Config{
+		Egress: moat.Egress{Network: &moat.Network{Allow: []string{"pypi.test"}}},
+		CADir:  t.TempDir(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for name, cfg := range map[string]gvisor.Config{"none": {}, "egress": {Egress: p}} {
+		t.Run(name, func(t *testing.T) {
+			r := newRecycler(t, cfg)
+			if res := r.plantThenLook(plantSockets, lookEmpty); res == nil || res.ExitCode != 0 {
+				t.Fatalf("a run that closed its sockets left an instance not recycled: %+v", res)
+			}
+		})
 	}
 }
