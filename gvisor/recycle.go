@@ -113,10 +113,13 @@ except BaseException as e:
 os._exit(0)
 `
 
-// NewRecycled boots a plain session's sandbox for one tenant's runs: see
+// NewRecycled boots a plain session's sandbox for one tenant's runs, with
+// the writable places of a fresh run's sizes (spec.go's shares of the disk
+// limit, not a session's, which give /tmp and /dev/shm a quarter of
+// theirs), so that a recycled run is bounded as a fresh one is: see
 // engine.Recycler.
 func (b *backend) NewRecycled(ctx context.Context) (engine.SessionInstance, error) {
-	inst, err := b.NewSession(ctx, moat.SessionOptions{})
+	inst, err := b.newSession(ctx, moat.SessionOptions{}, tmpShare, shmShare)
 	if err != nil {
 		return nil, err
 	}

@@ -176,6 +176,12 @@ func (b *backend) sessionCPUTime() time.Duration {
 // at the first run; one without has an init that does nothing, and a
 // launcher of its first run started ahead.
 func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (engine.SessionInstance, error) {
+	return b.newSession(ctx, opts, sessionTmpShare, sessionShmShare)
+}
+
+// newSession is NewSession with /tmp given Disk/tmpShare and /dev/shm
+// Disk/shmShare (a recycled sandbox has a run's shares: recycle.go).
+func (b *backend) newSession(ctx context.Context, opts moat.SessionOptions, tmpShare, shmShare int64) (engine.SessionInstance, error) {
 	raw, err := guestFilterBytes()
 	if err != nil {
 		return nil, err
@@ -193,7 +199,7 @@ func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (eng
 		netRun = b.cfg.Egress.NewRun()
 	}
 	env := b.codeEnv(netRun)
-	spec, work := b.sessionSpec(opts.Interpreter)
+	spec, work := b.sessionSpecShares(opts.Interpreter, tmpShare, shmShare)
 	if opts.Interpreter {
 		spec = b.withInit(spec, raw, env)
 	}
@@ -260,7 +266,13 @@ func (ss *session) instance() engine.SessionInstance {
 // interpreter, the working directory is left out of the spec's mounts:
 // boot mounts the host's, of size work (see hostfiles.go).
 func (b *backend) sessionSpec(interpreter bool) (_ *ociSpec, work moat.Bytes) {
-	places := writableShares(b.limits.Disk, sessionTmpShare, sessionShmShare)
+	return b.sessionSpecShares(interpreter, sessionTmpShare, sessionShmShare)
+}
+
+// sessionSpecShares is sessionSpec with /tmp given Disk/tmpShare and
+// /dev/shm Disk/shmShare.
+func (b *backend) sessionSpecShares(interpreter bool, tmpShare, shmShare int64) (_ *ociSpec, work moat.Bytes) {
+	places := writableShares(b.limits.Disk, tmpShare, shmShare)
 	if interpreter {
 		work, places = moat.Bytes(places[0].size), places[1:]
 	}
