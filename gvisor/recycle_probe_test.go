@@ -439,3 +439,36 @@ func TestRecycleAfterSockets(t *testing.T) {
 		})
 	}
 }
+
+// TestRecycleCanceledRun cancels a recycled run mid-way, with files and a
+// daemon of its left: the tenant's next run, recycled, finds neither.
+func TestRecycleCanceledRun(t *testing.T) {
+	r := newRecycler(t, gvisor.Config{})
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(1500*time.Millisecond, cancel)
+	res, err := r.sb.Run(ctx, moat.Request{Tenant: "alice", Code: []byte(`
+import os, time
+open('/work/left', 'w').write('x')
+if os.fork() == 0:
+    os.setsid()
+    while True:
+        open('/tmp/alive', 'a').write('x')
+        time.sleep(0.05)
+time.sleep(60)
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Reason != moat.ReasonCanceled || !recycledRun(res) {
+		t.Fatalf("the canceled run: reason %q, notes %v", res.Reason, res.Notes)
+	}
+	if !r.waitParked() {
+		t.Fatalf("a canceled run's instance was not reset: %s", lastLines(r.logs.String(), 3))
+	}
+	if res := r.run(lookDaemon); res.ExitCode != 0 || !recycledRun(res) {
+		t.Fatalf("after a canceled run: exit %d %s %v", res.ExitCode, res.Stdout, res.Notes)
+	}
+	if res := r.run(lookEmpty); res.ExitCode != 0 {
+		t.Fatalf("after a canceled run: %s", res.Stdout)
+	}
+}
