@@ -17,9 +17,9 @@ import (
 // What a run leaves behind is then in the three writable places, the
 // tmpfs mounts /work, /tmp and /dev/shm of the sandbox's own kernel (the
 // root is read-only), or held by no process in flight (see below); Reset
-// empties them with wipeCode, run as a run is
-// (the session's uid, the guest seccomp filter, a namespace of its own),
-// and restores their modes, times and extended attributes. Unlike a
+// empties the places with wipeCode, run as a run is (the session's uid,
+// the guest seccomp filter, a namespace of its own), and restores their
+// modes, times and extended attributes. Unlike a
 // session's, a recycled sandbox is not paused between runs: nothing of the
 // code's is left to hold still, and a run then costs no runsc resume and
 // pause.
