@@ -55,6 +55,16 @@ type Request struct {
 	// stream.
 	Stdout io.Writer
 	Stderr io.Writer
+
+	// Tenant names whom the run is for (moat serve gives each API token's
+	// name); the operator's code sets it, never the code nor the model
+	// that wrote it. It changes nothing unless the level recycles
+	// instances (its "recycle" setting, off by default): then consecutive
+	// runs of one non-empty Tenant may reuse an instance an earlier run of
+	// the same Tenant used, reset between them (see the level's docs), and
+	// the Result's notes say so. Runs of different tenants, and runs
+	// without one, never share an instance.
+	Tenant string
 }
 
 // Sandbox runs untrusted code at one isolation level.
@@ -95,6 +105,11 @@ type PoolStats struct {
 	// that found none and prepared their own on their path.
 	Hits   int64 `json:"hits"`
 	Misses int64 `json:"misses"`
+	// Recycled counts the runs served by an instance an earlier run of
+	// the same tenant used (the level's recycle setting), and Parked is
+	// how many such instances wait, reset, for their tenant's next run.
+	Recycled int64 `json:"recycled,omitempty"`
+	Parked   int   `json:"parked,omitempty"`
 }
 
 // PoolReporter is implemented by sandboxes that keep a pool of prepared

@@ -220,7 +220,7 @@ func New(sb moat.Sandbox, cfg Config) (*Agent, error) {
 		a.sessioner = sessioner
 		specs = tool.SessionTools(cfg.Interpreter)
 	default:
-		a.runner = &tool.Runner{Sandbox: sb, MaxCode: cfg.MaxCode, MaxOutput: cfg.MaxOutput, Logger: a.log}
+		a.runner = &tool.Runner{Sandbox: sb, MaxCode: cfg.MaxCode, MaxOutput: cfg.MaxOutput, Logger: a.log, Tenant: "agent"}
 		specs = a.runner.Tools()
 	}
 	if a.cfg.System == "" {

@@ -191,7 +191,8 @@ func Run(ctx context.Context, cfg Config, baseline Target, targets ...Target) (*
 		}
 		if t.Pool != nil {
 			now := t.Pool()
-			row.Pool = &PoolUse{Size: now.Size, Max: now.Max, Hits: now.Hits - pools[i].Hits, Misses: now.Misses - pools[i].Misses}
+			row.Pool = &PoolUse{Size: now.Size, Max: now.Max, Hits: now.Hits - pools[i].Hits, Misses: now.Misses - pools[i].Misses,
+				Recycled: now.Recycled - pools[i].Recycled}
 		}
 		rep.Rows[i] = row
 	}

@@ -49,6 +49,10 @@ type PoolUse struct {
 	Max    int   `json:"max"`
 	Hits   int64 `json:"hits"`
 	Misses int64 `json:"misses"`
+	// Recycled counts the runs served by an instance an earlier run of
+	// the same tenant used (the level's recycle setting); they took
+	// nothing from the pool.
+	Recycled int64 `json:"recycled,omitempty"`
 }
 
 // poolNote is the row's pool, as the table prints it.
@@ -63,8 +67,12 @@ func (r Row) poolNote() string {
 	if r.Pool.Max > r.Pool.Size {
 		size += fmt.Sprintf(" (up to %d)", r.Pool.Max)
 	}
-	return fmt.Sprintf("pool of %s: %d/%d runs found one ready (refill gap >= %sms)",
-		size, r.Pool.Hits, r.Pool.Hits+r.Pool.Misses, formatMS(r.MinGap))
+	note := fmt.Sprintf("pool of %s: %d/%d runs found one ready (refill gap >= %sms)",
+		size, r.Pool.Hits, r.Pool.Hits+r.Pool.Misses+r.Pool.Recycled, formatMS(r.MinGap))
+	if r.Pool.Recycled > 0 {
+		note += fmt.Sprintf(", %d recycled", r.Pool.Recycled)
+	}
+	return note
 }
 
 func (r *Row) setStats(ds []time.Duration) {

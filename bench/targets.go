@@ -34,7 +34,11 @@ const waitDelay = 2 * time.Second
 // SandboxTarget returns a target that runs [Code] through sb and checks the
 // result: no error, exit code 0, no Reason, and stdout exactly [Want]. The
 // row's level is sb.Level(). The caller keeps sb and closes it after [Run].
-func SandboxTarget(name string, sb moat.Sandbox) Target {
+func SandboxTarget(name string, sb moat.Sandbox) Target { return TenantTarget(name, sb, "") }
+
+// TenantTarget is SandboxTarget with every run's moat.Request.Tenant set to
+// tenant: the row of a sandbox that recycles one tenant's instances.
+func TenantTarget(name string, sb moat.Sandbox, tenant string) Target {
 	var pool func() moat.PoolStats
 	if pr, ok := sb.(moat.PoolReporter); ok {
 		pool = pr.PoolStats
@@ -44,7 +48,7 @@ func SandboxTarget(name string, sb moat.Sandbox) Target {
 		Level: sb.Level(),
 		Pool:  pool,
 		Run: func(ctx context.Context) error {
-			res, err := sb.Run(ctx, moat.Request{Code: []byte(Code)})
+			res, err := sb.Run(ctx, moat.Request{Code: []byte(Code), Tenant: tenant})
 			if err != nil {
 				return fmt.Errorf("bench: %s: %w", name, err)
 			}

@@ -186,6 +186,14 @@ type Config struct {
 	// Warm after engine.BurstDecay without one (engine.Config.WarmMax).
 	// Zero means Warm: no growth. At most 16.
 	WarmMax int `json:"warm_max,omitempty"`
+	// Recycle lets consecutive one-shot runs of one tenant
+	// (moat.Request.Tenant; moat serve's API token) reuse one sandbox, a
+	// plain session's, reset after each run (recycle.go): every process
+	// of the run ended with its PID and IPC namespaces, /work, /tmp and
+	// /dev/shm emptied and their modes restored, the CPU budget fresh.
+	// Runs of different tenants, or without one, never share a sandbox.
+	// False (the default) boots a fresh sandbox for every run.
+	Recycle bool `json:"recycle,omitempty"`
 	// SessionCPUTime is the most CPU time the runs of one session may use
 	// in all, counted from the session sandbox's host cgroup while each
 	// run is in progress. The run that reaches it ends with
@@ -311,6 +319,7 @@ func New(cfg Config) (*Sandbox, error) {
 		Limits:  cfg.Limits,
 		Warm:    cfg.Warm,
 		WarmMax: cfg.WarmMax,
+		Recycle: cfg.Recycle,
 		Notes:   b.notes,
 		Logger:  b.log,
 	}, b)

@@ -13,7 +13,9 @@
 # then exits as the run's init did. When the init ends, gVisor's kernel kills
 # every other process of the namespace and waits for them before the init's
 # exit completes: once this launcher has its status, nothing of the run is
-# left. The init is the code's python3, as the session's uid with no
+# left. The run has an IPC namespace of its own too, so that SysV IPC
+# objects it made (shared memory, semaphores, message queues), which outlive
+# their processes, end with it. The init is the code's python3, as the session's uid with no
 # capability in any set, no_new_privs, the guest seccomp filter, and no way
 # to leave the namespace (the filter denies unshare, setns and clone's
 # namespace flags).
@@ -34,8 +36,10 @@ import sys
 
 libc = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWPID = 0x20000000
+CLONE_NEWIPC = 0x08000000
 PR_CAPBSET_DROP = 24
 RLIMIT_CPU = 0
+RLIMIT_NPROC = 6
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
@@ -62,9 +66,16 @@ def child(go_r, err_w, prog, uid, gid, cwd, python, interp, pyargs, env):
         os._exit(125)
     os.close(go_r)
     try:
+        import resource
         if interp:
-            import resource
             resource.setrlimit(RLIMIT_CPU, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        # gVisor counts a task toward its user's RLIMIT_NPROC by the uid it
+        # was created with: this process, forked as root and then made the
+        # session's uid, is not counted, so the tasks it creates get one
+        # fewer and the run, this process included, has at most the limit.
+        soft, hard = resource.getrlimit(RLIMIT_NPROC)
+        if 1 < soft != resource.RLIM_INFINITY and 1 < hard != resource.RLIM_INFINITY:
+            resource.setrlimit(RLIMIT_NPROC, (soft - 1, hard - 1))
         for cap in range(64):
             if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
                 break  # EINVAL past the last capability
@@ -102,7 +113,7 @@ def main():
 
 def launch(prog, uid, gid, cwd, python, pyargs, env):
     try:
-        check(libc.unshare(CLONE_NEWPID), 'unshare')
+        check(libc.unshare(CLONE_NEWPID | CLONE_NEWIPC), 'unshare')
         go_r, go_w = os.pipe()
         err_r, err_w = os.pipe()  # close-on-exec: EOF once the code's python runs
         pid = os.fork()
@@ -187,7 +198,7 @@ def spawn(args):
     err_r, err_w = os.pipe()
     mine = [ends[0][0], ends[1][1], ends[2][1], ends[3][1], go_r, err_w]
     try:
-        check(libc.unshare(CLONE_NEWPID), 'unshare')
+        check(libc.unshare(CLONE_NEWPID | CLONE_NEWIPC), 'unshare')
         pid = os.fork()
     except OSError as e:
         for fd in mine + [ends[0][1], ends[1][0], ends[2][0], ends[3][0], go_w, err_r]:

@@ -73,7 +73,9 @@ import (
 // Limits: each run gets the run limits that gVisor's kernel enforces per
 // process (the spec's rlimits, which runsc gives every exec'd process: CPU
 // time, file size, open files, and RLIMIT_NPROC for the session uid's
-// tasks, which are only the run's own, and those of a file operation in
+// tasks, which are only the run's own (the launcher gives the run's init
+// one less than Limits.Pids: gVisor counts a task by the uid it was made
+// with, and the init is made as root), and those of a file operation in
 // progress, since nothing of earlier runs is left) and the wall time; its CPU time is also watched from the host
 // cgroup while it runs. The session as a whole has the level's memory and
 // disk limits (the cgroup holds the whole sandbox; the tmpfs mounts are
@@ -138,11 +140,15 @@ type session struct {
 	// one ended. interp and ended are the runs' (which the engine
 	// serializes) and Close's, after them; interp is set under mu.
 	interpreter bool
-	init        *initConn // the container's init (interpinit.go)
-	initErr     tail      // what the init wrote on its stderr
-	interp      *driver
-	ended       string
-	fileOps     sync.WaitGroup // host file operations in progress (hostfiles.go)
+	// recycled says the session serves one tenant's one-shot runs
+	// (recycle.go): it is not paused between them, since nothing of a
+	// run is left after its reset but moat's own launcher waiting.
+	recycled bool
+	init     *initConn // the container's init (interpinit.go)
+	initErr  tail      // what the init wrote on its stderr
+	interp   *driver
+	ended    string
+	fileOps  sync.WaitGroup // host file operations in progress (hostfiles.go)
 
 	mu     sync.Mutex // guards what follows; held while pausing and resuming
 	holds  int        // runs and file operations that need the sandbox running
@@ -170,6 +176,12 @@ func (b *backend) sessionCPUTime() time.Duration {
 // at the first run; one without has an init that does nothing, and a
 // launcher of its first run started ahead.
 func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (engine.SessionInstance, error) {
+	return b.newSession(ctx, opts, sessionTmpShare, sessionShmShare)
+}
+
+// newSession is NewSession with /tmp given Disk/tmpShare and /dev/shm
+// Disk/shmShare (a recycled sandbox has a run's shares: recycle.go).
+func (b *backend) newSession(ctx context.Context, opts moat.SessionOptions, tmpShare, shmShare int64) (engine.SessionInstance, error) {
 	raw, err := guestFilterBytes()
 	if err != nil {
 		return nil, err
@@ -187,7 +199,7 @@ func (b *backend) NewSession(ctx context.Context, opts moat.SessionOptions) (eng
 		netRun = b.cfg.Egress.NewRun()
 	}
 	env := b.codeEnv(netRun)
-	spec, work := b.sessionSpec(opts.Interpreter)
+	spec, work := b.sessionSpecShares(opts.Interpreter, tmpShare, shmShare)
 	if opts.Interpreter {
 		spec = b.withInit(spec, raw, env)
 	}
@@ -254,7 +266,13 @@ func (ss *session) instance() engine.SessionInstance {
 // interpreter, the working directory is left out of the spec's mounts:
 // boot mounts the host's, of size work (see hostfiles.go).
 func (b *backend) sessionSpec(interpreter bool) (_ *ociSpec, work moat.Bytes) {
-	places := writableShares(b.limits.Disk, sessionTmpShare, sessionShmShare)
+	return b.sessionSpecShares(interpreter, sessionTmpShare, sessionShmShare)
+}
+
+// sessionSpecShares is sessionSpec with /tmp given Disk/tmpShare and
+// /dev/shm Disk/shmShare.
+func (b *backend) sessionSpecShares(interpreter bool, tmpShare, shmShare int64) (_ *ociSpec, work moat.Bytes) {
+	places := writableShares(b.limits.Disk, tmpShare, shmShare)
 	if interpreter {
 		work, places = moat.Bytes(places[0].size), places[1:]
 	}
@@ -383,7 +401,7 @@ func (ss *session) release() {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	ss.holds--
-	if ss.holds == 0 && !ss.closed && ss.broken == nil && ss.bt.alive() {
+	if ss.holds == 0 && !ss.recycled && !ss.closed && ss.broken == nil && ss.bt.alive() {
 		ss.pauseLocked()
 	}
 }

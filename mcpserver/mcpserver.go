@@ -147,7 +147,7 @@ func New(sb moat.Sandbox, cfg Config) (*Server, error) {
 		s.tools = tool.SessionTools(cfg.Interpreter)
 		maxCode = max(maxCode, tool.DefaultMaxFile) // write_file's content travels in one message too
 	} else {
-		s.runner = &tool.Runner{Sandbox: sb, MaxCode: cfg.MaxCode, MaxOutput: cfg.MaxOutput, Logger: log}
+		s.runner = &tool.Runner{Sandbox: sb, MaxCode: cfg.MaxCode, MaxOutput: cfg.MaxOutput, Logger: log, Tenant: "mcp"}
 		s.tools = s.runner.Tools()
 	}
 	// A JSON string may take up to six bytes per byte of code ("\u0000"):

@@ -115,6 +115,7 @@ func (m *metrics) registerStates(count func(state string) int) {
 type poolCollector struct {
 	sandboxes                 map[[2]string]moat.PoolReporter // {level, profile}
 	size, ready, hits, misses *prometheus.Desc
+	recycled, parked          *prometheus.Desc
 }
 
 func newPoolCollector(cfg Config) *poolCollector {
@@ -124,6 +125,8 @@ func newPoolCollector(cfg Config) *poolCollector {
 	c.ready = prometheus.NewDesc("moat_pool_ready", "Instances prepared and waiting now.", labels, nil)
 	c.hits = prometheus.NewDesc("moat_pool_hits_total", "Runs that took a prepared instance.", labels, nil)
 	c.misses = prometheus.NewDesc("moat_pool_misses_total", "Runs that found none ready and prepared their own on their path.", labels, nil)
+	c.recycled = prometheus.NewDesc("moat_pool_recycled_total", "Runs served by an instance an earlier run of the same token used, reset between them (the level's recycle setting).", labels, nil)
+	c.parked = prometheus.NewDesc("moat_pool_parked", "Instances reset and waiting for their token's next run (the level's recycle setting).", labels, nil)
 	add := func(level moat.Level, profile string, sb moat.Sandbox) {
 		if pr, ok := sb.(moat.PoolReporter); ok {
 			c.sandboxes[[2]string{string(level), profile}] = pr
@@ -145,6 +148,8 @@ func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.ready
 	ch <- c.hits
 	ch <- c.misses
+	ch <- c.recycled
+	ch <- c.parked
 }
 
 func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
@@ -154,5 +159,7 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.ready, prometheus.GaugeValue, float64(st.Ready), k[0], k[1])
 		ch <- prometheus.MustNewConstMetric(c.hits, prometheus.CounterValue, float64(st.Hits), k[0], k[1])
 		ch <- prometheus.MustNewConstMetric(c.misses, prometheus.CounterValue, float64(st.Misses), k[0], k[1])
+		ch <- prometheus.MustNewConstMetric(c.recycled, prometheus.CounterValue, float64(st.Recycled), k[0], k[1])
+		ch <- prometheus.MustNewConstMetric(c.parked, prometheus.GaugeValue, float64(st.Parked), k[0], k[1])
 	}
 }

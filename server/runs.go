@@ -133,7 +133,9 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request, owner string, l
 	defer release()
 	id := newID("r")
 	w.Header().Set("X-Moat-Run-Id", id)
-	mreq := moat.Request{Code: []byte(*req.Code)}
+	// The token is the tenant: a level that recycles instances reuses one
+	// only for runs of the same token (moat.Request.Tenant).
+	mreq := moat.Request{Code: []byte(*req.Code), Tenant: owner}
 	var sse *sseWriter
 	if req.Stream {
 		sse = newSSE(w, int64(s.cfg.StreamBuffer), s.metrics.overflows.Inc)

@@ -123,6 +123,10 @@ type Runner struct {
 	MaxOutput int
 	// Logger receives one record per call. Nil means discard.
 	Logger *slog.Logger
+	// Tenant is every run's moat.Request.Tenant: with a level that
+	// recycles instances, this Runner's calls may reuse one, reset
+	// between them. Empty: no tenant, a fresh instance every call.
+	Tenant string
 }
 
 var _ Caller = (*Runner)(nil)
@@ -175,7 +179,7 @@ func (r *Runner) Call(ctx context.Context, args json.RawMessage) Outcome {
 		return Outcome{Tool: Name, Err: err, Text: ErrorText(err), IsError: true}
 	}
 	start := time.Now()
-	res, err := r.Sandbox.Run(ctx, moat.Request{Code: []byte(code)})
+	res, err := r.Sandbox.Run(ctx, moat.Request{Code: []byte(code), Tenant: r.Tenant})
 	if err != nil {
 		err = fmt.Errorf("tool: sandbox: %w", err)
 		log.Warn("tool: sandbox error", "tool", Name, "code_bytes", len(code), "err", err)

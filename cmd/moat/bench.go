@@ -130,8 +130,8 @@ func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
 			// Under load every row is a fresh instance per run: one
 			// session's runs take turns, and a cold VM per run is the
 			// latency table's comparison, not a load.
-			if l == moat.LevelContainer {
-				extra, err := extraBenchTargets(fc, l, &opened)
+			if l == moat.LevelContainer || l == moat.LevelGVisor {
+				extra, err := extraBenchTargets(ctx, fc, l, &opened)
 				if err != nil {
 					return exitFor(stdio, err)
 				}
@@ -144,12 +144,12 @@ func cmdBench(ctx context.Context, args []string, stdio Stdio) int {
 			return exitFor(stdio, err)
 		}
 		targets = append(targets, st...)
-		extra, err := extraBenchTargets(fc, l, &opened)
+		extra, err := extraBenchTargets(ctx, fc, l, &opened)
 		if err != nil {
 			return exitFor(stdio, err)
 		}
 		targets = append(targets, extra...)
-		if l == moat.LevelContainer {
+		if l == moat.LevelContainer || l == moat.LevelGVisor {
 			loadTargets = append(loadTargets, extra...)
 		}
 	}
@@ -216,9 +216,22 @@ func benchSustained(ctx context.Context, clients int, d time.Duration, baseline 
 }
 
 // extraBenchTargets adds the comparison rows a level brings (docker-cli
-// for container, microvm-cold for microvm).
-func extraBenchTargets(fc fileConfig, l moat.Level, closers *[]moat.Sandbox) ([]bench.Target, error) {
+// for container, gvisor/recycled for gvisor, microvm-cold for microvm).
+func extraBenchTargets(ctx context.Context, fc fileConfig, l moat.Level, closers *[]moat.Sandbox) ([]bench.Target, error) {
 	switch l {
+	case moat.LevelGVisor:
+		// A second sandbox whose runs, all of one tenant, reuse a
+		// sandbox reset after each run (gvisor.recycle), beside the
+		// fresh sandbox per run.
+		fc.GVisor.Recycle = true
+		sb, err := openLevel(ctx, fc, l)
+		if err != nil {
+			return nil, err
+		}
+		*closers = append(*closers, sb)
+		t := bench.TenantTarget("gvisor/recycled", sb, "bench")
+		t.Note = "one tenant's runs reuse a plain session's sandbox, reset after each run (gvisor.recycle)"
+		return []bench.Target{t}, nil
 	case moat.LevelContainer:
 		// The docker CLI cannot place moat's egress listener: the
 		// comparison row runs without a network.

@@ -49,6 +49,12 @@ type Config struct {
 	// refusing a noexec mount, say). They are for the reader: they decide
 	// no verdict, and code that prints the message gets the note.
 	Hints []Hint
+	// Recycle lets consecutive runs of one tenant (moat.Request.Tenant)
+	// reuse one instance, reset between them; runs of different tenants
+	// or without one never share. The backend must be a Recycler, else
+	// New fails. False (the default) gives every run a fresh instance.
+	// See recycle.go.
+	Recycle bool
 	// Logger gets a line per run at debug level. Nil means discard.
 	Logger *slog.Logger
 }
@@ -102,6 +108,7 @@ type Sandbox struct {
 	b      Backend
 	log    *slog.Logger
 	pool   *pool
+	rec    *recycler // nil unless Config.Recycle
 	slots  chan struct{}
 	mu     sync.Mutex
 	closed bool
@@ -137,6 +144,13 @@ func New(cfg Config, b Backend) (*Sandbox, error) {
 	if warm == 0 {
 		warm = DefaultWarm
 	}
+	if cfg.Recycle {
+		rec, err := newRecycler(s, b)
+		if err != nil {
+			return nil, err
+		}
+		s.rec = rec
+	}
 	s.pool = newPool(b, max(warm, 0), max(warm, cfg.WarmMax, 0), s.log, cfg.Level)
 	s.pool.refillAfter = cfg.RefillAfterRun
 	return s, nil
@@ -160,7 +174,13 @@ func (s *Sandbox) Take(ctx context.Context) (Instance, error) { return s.pool.ta
 
 // PoolStats says how the pool of prepared instances has served runs; see
 // moat.PoolReporter.
-func (s *Sandbox) PoolStats() moat.PoolStats { return s.pool.stats() }
+func (s *Sandbox) PoolStats() moat.PoolStats {
+	ps := s.pool.stats()
+	if s.rec != nil {
+		s.rec.stats(&ps)
+	}
+	return ps
+}
 
 // TakeReady returns an instance the pool prepared ahead, and false when
 // none is ready; it never prepares one. It is for a backend that makes a
@@ -185,6 +205,9 @@ func (s *Sandbox) Close() error {
 	close(s.quit)
 	s.mu.Unlock()
 	s.runs.Wait()
+	if s.rec != nil {
+		s.rec.shut()
+	}
 	s.pool.close()
 	return s.b.Close()
 }
@@ -261,6 +284,15 @@ func (s *Sandbox) Run(ctx context.Context, req moat.Request) (*moat.Result, erro
 		return nil, err
 	}
 	defer release()
+	if s.rec != nil && req.Tenant != "" {
+		if rc := s.rec.take(req.Tenant); rc != nil {
+			if res, err, ok := s.runRecycled(ctx, rc, req, start); ok {
+				return res, err
+			}
+		} else {
+			s.rec.want(req.Tenant)
+		}
+	}
 	res, err := s.runFresh(ctx, req, start)
 	if err != nil {
 		return nil, err
