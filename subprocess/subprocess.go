@@ -138,8 +138,9 @@ type Config struct {
 	SessionCPUTime moat.Duration `json:"session_cpu_time,omitempty"`
 	// Warm is how many runs are kept set up ahead of their code, each its
 	// uid, working directory, cgroup and a python3 started under all the
-	// run's restrictions, waiting for the code (about 3 MiB of memory of its own
-	// each): zero means one, -1 none, at most 16 (engine.Config.Warm).
+	// run's restrictions, waiting for the code (about 3 MiB of memory of
+	// its own each): zero means one, -1 none, at most 16
+	// (engine.Config.Warm).
 	Warm int `json:"warm,omitempty"`
 	// WarmMax is how many the pool may grow to under a burst of runs that
 	// found none ready, shrinking back to Warm when the burst is over
