@@ -1,6 +1,7 @@
 package subprocess
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,8 +25,9 @@ import (
 // the run's cgroups, sets the rlimits, no_new_privs, Landlock and seccomp on
 // its own thread, starts python3 under the run's uid (the restrictions are
 // inherited across fork and exec), reaps every process of the namespace, and
-// reports python3's end on fd 3. When it exits, the kernel kills whatever is
-// left in the namespace, so nothing of the run outlives it.
+// reports python3's end on fd 3 — once python3 runs, as the reaper, a tiny
+// program it execs in its own place (reaper.go). When it exits, the kernel
+// kills whatever is left in the namespace, so nothing of the run outlives it.
 //
 // This runs in package init, before main, so that any binary importing this
 // package (moat itself, test binaries) can serve as the helper.
@@ -125,6 +127,13 @@ func helperMain() int {
 			return fail("join cgroup", err)
 		}
 	}
+	// The reaper (reaper.go) is loaded now, while the host's /proc is
+	// there; it serves only an init, which the helper is in the run's own
+	// PID namespace.
+	reaper := -1
+	if os.Getpid() == 1 {
+		reaper = loadReaper()
+	}
 	if sp.Root != nil {
 		if err := enterRoot(sp.Root); err != nil {
 			return fail("root", err)
@@ -188,8 +197,15 @@ func helperMain() int {
 	if os.Geteuid() == 0 {
 		os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0)
 	}
+	if reaper >= 0 {
+		// From here on the reaper does what the loop below does, in a
+		// few hundred bytes instead of a Go runtime. It returns only if
+		// the exec failed; the loop then does the job.
+		execReaper(reaper, pid)
+	}
 	// Reap every process that ends up ours (as PID 1 of the namespace,
-	// orphans are reparented to us) until python3 itself has ended.
+	// orphans are reparented to us) until python3 itself has ended. The
+	// reaper does the same, step for step.
 	for {
 		var ws syscall.WaitStatus
 		var ru syscall.Rusage
@@ -203,7 +219,6 @@ func helperMain() int {
 		if wpid != pid {
 			continue
 		}
-		cpuMS := (ru.Utime.Nano() + ru.Stime.Nano()) / 1e6
 		if os.Getpid() == 1 {
 			// As the init of the run's own PID namespace (and only
 			// then: outside one, -1 would be every process the helper
@@ -221,14 +236,10 @@ func helperMain() int {
 			syscall.Close(1)
 			syscall.Close(2)
 		}
-		switch {
-		case ws.Exited():
-			fmt.Fprintf(status, "exit %d %d\n", ws.ExitStatus(), cpuMS)
-		case ws.Signaled():
-			fmt.Fprintf(status, "signal %d %d\n", int(ws.Signal()), cpuMS)
-		default:
+		if !ws.Exited() && !ws.Signaled() {
 			continue
 		}
+		status.Write(encodeReport(ws, &ru))
 		return 0
 	}
 }
@@ -307,7 +318,7 @@ func restrictLandlock(l *lockSpec) error {
 	return llsys.LandlockRestrictSelf(fd, flags)
 }
 
-// parseStatus reads the helper's report.
+// helperStatus is the helper's report, parsed.
 type helperStatus struct {
 	err      string // set-up failure, before python3 ran
 	exited   bool
@@ -317,28 +328,29 @@ type helperStatus struct {
 	cpuMS    int64
 }
 
-func parseStatus(b []byte) (helperStatus, bool) {
-	line := strings.TrimSpace(strings.TrimPrefix(string(b), "started\n"))
-	if line == "" {
+// parseStatus reads what the helper wrote on its status pipe: "started\n"
+// (for a pre-started run), then a line "error STEP: REASON" or the report
+// of python3's end (reaper.go). ok is false when there is neither.
+func parseStatus(b []byte) (st helperStatus, ok bool) {
+	b = bytes.TrimPrefix(b, []byte("started\n"))
+	if len(b) == 0 {
 		return helperStatus{}, false
 	}
-	if rest, ok := strings.CutPrefix(line, "error "); ok {
-		return helperStatus{err: rest}, true
+	if rest, ok := bytes.CutPrefix(b, []byte("error ")); ok {
+		return helperStatus{err: strings.TrimSpace(string(rest))}, true
 	}
-	f := strings.Fields(line)
-	if len(f) != 3 {
-		return helperStatus{err: "unreadable helper status " + strconv.Quote(line)}, true
+	ws, ru, ok := decodeReport(b)
+	if !ok {
+		return helperStatus{err: "unreadable helper status " + strconv.Quote(tail(b, 64))}, true
 	}
-	n, err1 := strconv.Atoi(f[1])
-	cpu, err2 := strconv.ParseInt(f[2], 10, 64)
-	if err1 != nil || err2 != nil {
-		return helperStatus{err: "unreadable helper status " + strconv.Quote(line)}, true
+	st.cpuMS = (ru.Utime.Nano() + ru.Stime.Nano()) / 1e6
+	switch {
+	case ws.Exited():
+		st.exited, st.code = true, ws.ExitStatus()
+	case ws.Signaled():
+		st.signaled, st.signal = true, ws.Signal()
+	default:
+		return helperStatus{err: fmt.Sprintf("helper reported wait status %#x, neither an exit nor a signal", uint32(ws))}, true
 	}
-	switch f[0] {
-	case "exit":
-		return helperStatus{exited: true, code: n, cpuMS: cpu}, true
-	case "signal":
-		return helperStatus{signaled: true, signal: syscall.Signal(n), cpuMS: cpu}, true
-	}
-	return helperStatus{err: "unreadable helper status " + strconv.Quote(line)}, true
+	return st, true
 }

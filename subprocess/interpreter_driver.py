@@ -10,7 +10,16 @@
 # Nothing here is secret from the code, which runs in this same process:
 # moat never trusts these records beyond "the run of this nonce says it
 # ended" (see interpreter.go).
-import os, sys, struct, traceback, linecache
+#
+# It imports nothing that python3 -I has not imported already (os and sys
+# are site's): traceback and linecache, with what they pull in (re,
+# tokenize, functools, enum, ...), cost about 1.3 MiB of every idle
+# interpreter. A run's source still reaches linecache, so that tracebacks,
+# the driver's and the code's own, show its lines: at once when linecache is
+# loaded, and otherwise kept until it is, which an audit hook sees (the
+# import of linecache, however it comes, imports it in the hook and hands it
+# the sources first).
+import os, sys
 
 
 def _moat_driver():
@@ -40,13 +49,43 @@ def _moat_driver():
         return 1
 
     g = {'__name__': '__main__', '__builtins__': __builtins__}
+    # The runs' sources, by name, not yet in linecache.cache; loaded[0]
+    # once linecache is loaded (or being loaded by the hook).
+    pending = {}
+    loaded = [False]
+
+    def sources():
+        try:
+            cache = sys.modules['linecache'].cache
+        except BaseException:
+            return
+        loaded[0] = True
+        try:
+            for name, text in pending.items():
+                cache[name] = (len(text), None, text.splitlines(True), name)
+        except BaseException:
+            pass
+        pending.clear()
+
+    def on_import(event, args):
+        if loaded[0] or event != 'import' or args[0] != 'linecache':
+            return
+        loaded[0] = True
+        try:
+            import linecache
+        except BaseException:
+            loaded[0] = False
+            return
+        sources()
+
+    sys.addaudithook(on_import)
     os.write(ctl, b'H')
     n = 0
     while True:
         hdr = recv()
         if len(hdr) != 37 or hdr[:1] != b'R':
             os._exit(0)
-        nonce, size = hdr[1:33], struct.unpack('>I', hdr[33:])[0]
+        nonce, size = hdr[1:33], int.from_bytes(hdr[33:], 'big')
         parts, got = [], 0
         while got < size:
             b = recv()
@@ -59,8 +98,8 @@ def _moat_driver():
         status = 0
         try:
             try:
-                text = src.decode('utf-8')
-                linecache.cache[name] = (len(text), None, text.splitlines(True), name)
+                pending[name] = src.decode('utf-8')
+                sources()
             except UnicodeDecodeError:
                 pass
             exec(compile(src, name, 'exec'), g)
@@ -69,6 +108,7 @@ def _moat_driver():
         except BaseException:
             t, v, tb = sys.exc_info()
             try:
+                import traceback
                 traceback.print_exception(t, v, tb.tb_next)
             except BaseException:
                 pass

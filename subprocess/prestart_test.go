@@ -136,3 +136,45 @@ if os.fork() == 0:
 		}
 	}
 }
+
+// TestPoolRefillsAfterTheRun: the pool prepares the instance that replaces
+// the one a run took once that run has ended, not while it runs (a
+// Prepare, python3's start among it, would take CPU from the run), and
+// then it does.
+func TestPoolRefillsAfterTheRun(t *testing.T) {
+	requireRoot(t)
+	first := 2100000000 + 80000 + int(time.Now().UnixNano()%1000)*8
+	sb, err := subprocess.New(subprocess.Config{UIDFirst: first, UIDCount: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	waitFor := func(what string, n int) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for len(prestarted(first, 8)) != n || sb.PoolStats().Ready != 1 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d python3 in the pool's bootstrap, pool %+v; want %d and one ready", what, len(prestarted(first, 8)), sb.PoolStats(), n)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitFor("before the run", 1)
+	done := make(chan *moat.Result, 1)
+	go func() {
+		res, err := sb.Run(t.Context(), moat.Request{Code: []byte("import time; time.sleep(1.5); print('ran')")})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- res
+	}()
+	// Enough for a refill started with the run to have its python3 up.
+	time.Sleep(time.Second)
+	if n := len(prestarted(first, 8)); n != 1 {
+		t.Errorf("during the run: %d python3 in the bootstrap, want the run's own alone (pool %+v)", n, sb.PoolStats())
+	}
+	if res := <-done; res == nil || string(res.Stdout) != "ran\n" {
+		t.Fatalf("the run: %+v", res)
+	}
+	waitFor("after the run", 1)
+}

@@ -435,15 +435,17 @@ func (p *process) Wait() (engine.Evidence, error) {
 	return ev, err
 }
 
-// readReport reads the helper's report: its first line that is not
-// "started", or what it wrote before it ended without one (at most 4 KiB).
+// readReport reads the helper's report (past "started"): an error line, or
+// the report of python3's end (reaper.go), or what it wrote before it ended
+// without one (at most 4 KiB).
 func readReport(f *os.File) []byte {
 	var buf []byte
 	var b [256]byte
 	for len(buf) < 4096 {
 		n, err := f.Read(b[:])
 		buf = append(buf, b[:n]...)
-		if line := bytes.TrimPrefix(buf, []byte("started\n")); bytes.IndexByte(line, '\n') >= 0 {
+		rest := bytes.TrimPrefix(buf, []byte("started\n"))
+		if bytes.HasPrefix(rest, []byte("error ")) && bytes.IndexByte(rest, '\n') >= 0 || len(rest) >= reportLen {
 			return buf
 		}
 		if err != nil {

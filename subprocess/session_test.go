@@ -790,7 +790,7 @@ func TestSessionListBounded(t *testing.T) {
 		t.Fatalf("a listing past the bytes cap: %v, want ErrInvalid", err)
 	}
 	restore()
-	restore = subprocess.SetListCaps(10, 64<<20)
+	defer subprocess.SetListCaps(10, 64<<20)()
 	if _, err := ss.ListFiles(ctx); !errors.Is(err, moat.ErrInvalid) {
 		t.Fatalf("a listing past the entries cap: %v, want ErrInvalid", err)
 	}

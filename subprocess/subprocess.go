@@ -138,8 +138,9 @@ type Config struct {
 	SessionCPUTime moat.Duration `json:"session_cpu_time,omitempty"`
 	// Warm is how many runs are kept set up ahead of their code, each its
 	// uid, working directory, cgroup and a python3 started under all the
-	// run's restrictions, waiting for the code (about 10 MiB of memory
-	// each): zero means one, -1 none, at most 16 (engine.Config.Warm).
+	// run's restrictions, waiting for the code (about 3 MiB of memory of
+	// its own each): zero means one, -1 none, at most 16
+	// (engine.Config.Warm).
 	Warm int `json:"warm,omitempty"`
 	// WarmMax is how many the pool may grow to under a burst of runs that
 	// found none ready, shrinking back to Warm when the burst is over
@@ -225,6 +226,14 @@ func New(cfg Config) (*Sandbox, error) {
 		Notes:   b.notes,
 		Hints:   nativeHints,
 		Logger:  b.log,
+		// A Prepare (a helper's start, its namespaces and root, python3's
+		// start) costs twice the CPU of a warm run: made while the run that
+		// took the instance goes on, it slowed that run by half on two
+		// cores (0.49-0.79x of a bare python3 start against 0.18-0.26x,
+		// README). Made after the run, it delays nothing but a next run
+		// that comes within its time, which then makes its own and grows
+		// the pool (engine.Config.WarmMax).
+		RefillAfterRun: true,
 	}, b)
 	if err != nil {
 		b.removeCA()
@@ -261,7 +270,7 @@ func (s *Sandbox) NewSession(ctx context.Context, opts moat.SessionOptions) (moa
 
 // DefaultWarmMax is the most a pool grows to under a burst, unless
 // Config.WarmMax says otherwise: each instance is a python3 started under
-// the run's restrictions, about 10 MiB.
+// the run's restrictions, about 3 MiB.
 const DefaultWarmMax = 4
 
 func warmMax(warm, warmMax int) int {
