@@ -72,6 +72,12 @@ type Config struct {
 	// imports and definitions persist between run_python calls too, until
 	// a call times out or hits a limit. It needs Sessions.
 	Interpreter bool `json:"interpreter,omitempty"`
+	// Tenant is every one-shot run's moat.Request.Tenant: with a level
+	// that recycles instances, the server's run_python calls may reuse
+	// one. Set it only when every client is the same party (one agent
+	// over stdio); over HTTP, clients may be different users. Empty: a
+	// fresh instance every call.
+	Tenant string `json:"-"`
 	// Logger receives a record per tool call and the transports' errors.
 	// Nil means discard. Over stdio it must not write to stdout.
 	Logger *slog.Logger `json:"-"`
@@ -147,7 +153,7 @@ func New(sb moat.Sandbox, cfg Config) (*Server, error) {
 		s.tools = tool.SessionTools(cfg.Interpreter)
 		maxCode = max(maxCode, tool.DefaultMaxFile) // write_file's content travels in one message too
 	} else {
-		s.runner = &tool.Runner{Sandbox: sb, MaxCode: cfg.MaxCode, MaxOutput: cfg.MaxOutput, Logger: log, Tenant: "mcp"}
+		s.runner = &tool.Runner{Sandbox: sb, MaxCode: cfg.MaxCode, MaxOutput: cfg.MaxOutput, Logger: log, Tenant: cfg.Tenant}
 		s.tools = s.runner.Tools()
 	}
 	// A JSON string may take up to six bytes per byte of code ("\u0000"):

@@ -49,6 +49,11 @@ func cmdMCP(ctx context.Context, args []string, stdio Stdio) int {
 	// Logs go to stderr: over stdio, stdout is the protocol's.
 	cfg := mcpserver.Config{MaxCode: int(maxCode), MaxOutput: int(maxOutput), Sessions: fc.MCP.Sessions, Interpreter: fc.MCP.Interpreter,
 		Version: version.String(), Logger: slog.New(slog.NewTextHandler(stdio.Err, nil))}
+	if !httpMode {
+		// Over stdio the one client is the agent that started moat: its
+		// calls are one tenant's. Over HTTP clients may be anyone's.
+		cfg.Tenant = "mcp-stdio"
+	}
 	if err := cfg.Validate(); err != nil {
 		return exitFor(stdio, err)
 	}

@@ -63,6 +63,10 @@ const (
 	// instance for a tenant.
 	resetTimeout = 30 * time.Second
 	makeTimeout  = time.Minute
+	// recycleWork is how many makes and resets run at once: they are
+	// off the runs' paths and outside MaxRuns, so a tenant whose runs
+	// leave much to wipe must not take the host from the others' runs.
+	recycleWork = 2
 )
 
 // recycled is one instance of a tenant's.
@@ -86,6 +90,7 @@ type recycler struct {
 	seen   map[string]time.Time   // when tenants without a parked instance last ran
 	closed bool
 	bg     sync.WaitGroup // makes, resets and closes in progress
+	work   chan struct{}  // a slot per make or reset running (recycleWork)
 
 	served atomic.Int64 // runs served by a recycled instance
 }
@@ -95,7 +100,8 @@ func newRecycler(s *Sandbox, b Backend) (*recycler, error) {
 	if !ok {
 		return nil, fmt.Errorf("%s: recycling is not supported at this level: %w", s.cfg.Level, moat.ErrInvalid)
 	}
-	return &recycler{s: s, b: rb, parked: map[string][]*recycled{}, making: map[string]bool{}, seen: map[string]time.Time{}}, nil
+	return &recycler{s: s, b: rb, parked: map[string][]*recycled{}, making: map[string]bool{}, seen: map[string]time.Time{},
+		work: make(chan struct{}, recycleWork)}, nil
 }
 
 // take returns the instance of tenant's parked longest, or nil.
@@ -162,6 +168,10 @@ func (r *recycler) want(tenant string) {
 			delete(r.making, tenant)
 			r.mu.Unlock()
 		}()
+		if !r.begin() {
+			return
+		}
+		defer r.end()
 		ctx, cancel := context.WithTimeout(context.Background(), makeTimeout)
 		defer cancel()
 		inst, err := r.b.NewRecycled(ctx)
@@ -250,9 +260,14 @@ func (r *recycler) after(rc *recycled, broken bool) {
 			r.close(rc)
 			return
 		}
+		if !r.begin() {
+			r.close(rc)
+			return
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), resetTimeout)
 		err := r.b.Reset(ctx, rc.inst)
 		cancel()
+		r.end()
 		if err != nil {
 			r.s.log.Warn(string(r.s.cfg.Level)+": recycle: reset failed; the instance is closed", "err", err)
 			r.close(rc)
@@ -261,6 +276,21 @@ func (r *recycler) after(rc *recycled, broken bool) {
 		r.park(rc)
 	}()
 }
+
+// begin waits for a work slot; false means the sandbox closed meanwhile
+// and the work is not to be done. end gives the slot back.
+func (r *recycler) begin() bool {
+	r.work <- struct{}{}
+	r.mu.Lock()
+	closed := r.closed
+	r.mu.Unlock()
+	if closed {
+		<-r.work
+	}
+	return !closed
+}
+
+func (r *recycler) end() { <-r.work }
 
 // shut closes every parked instance and waits for the makes and resets in
 // progress, whose instances are closed as they end.
@@ -311,7 +341,9 @@ func (s *Sandbox) runRecycled(ctx context.Context, rc *recycled, req moat.Reques
 		return nil, nil, false
 	}
 	rc.runs++
-	s.rec.served.Add(1)
+	if rc.runs > 1 {
+		s.rec.served.Add(1) // the first run of a tenant's instance is not a recycled one
+	}
 	// A sandbox that failed (an error) or whose session budget the run
 	// used up serves no more runs.
 	s.rec.after(rc, err != nil || ev.Spent)

@@ -21,6 +21,10 @@ type recycling struct {
 	made      []*recSession
 	resets    int
 	failReset bool
+	// hold, when set, blocks every Reset until it is closed; resetting
+	// and mostResetting count the Resets in progress.
+	hold                     chan struct{}
+	resetting, mostResetting int
 }
 
 type recSession struct {
@@ -57,7 +61,16 @@ func (rs *recSession) Start(ctx context.Context, code []byte, stdout, stderr io.
 
 func (b *recycling) Reset(ctx context.Context, inst SessionInstance) error {
 	b.mu.Lock()
+	hold := b.hold
+	b.resetting++
+	b.mostResetting = max(b.mostResetting, b.resetting)
+	b.mu.Unlock()
+	if hold != nil {
+		<-hold
+	}
+	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.resetting--
 	if b.failReset {
 		return errors.New("fake: reset failed")
 	}
@@ -189,8 +202,8 @@ func TestRecycleWithinOneTenant(t *testing.T) {
 	if made, resets := b.counts(); made != 1 || resets != 2 {
 		t.Fatalf("made %d instances, %d resets; want 1 and 2", made, resets)
 	}
-	if ps := s.PoolStats(); ps.Recycled != 2 {
-		t.Fatalf("pool stats %+v: want 2 recycled runs", ps)
+	if ps := s.PoolStats(); ps.Recycled != 1 {
+		t.Fatalf("pool stats %+v: want 1 recycled run (the first run of the tenant's instance is not one)", ps)
 	}
 }
 
@@ -314,4 +327,30 @@ func TestRecycleCloseClosesParked(t *testing.T) {
 			t.Fatalf("an instance of the tenant's was closed %d times by the sandbox's Close", rs.closed)
 		}
 	}
+}
+
+func TestRecycleBoundsBackgroundWork(t *testing.T) {
+	s, b := newRecycling(t)
+	tenants := []string{"a", "b", "c", "d", "e"}
+	for _, tenant := range tenants {
+		run(t, s, tenant, "exit 0")
+		run(t, s, tenant, "exit 0")
+	}
+	waitMade(t, s)
+	waitParked(t, s, len(tenants))
+	b.mu.Lock()
+	b.hold = make(chan struct{})
+	b.mu.Unlock()
+	for _, tenant := range tenants {
+		run(t, s, tenant, "exit 0") // each leaves a reset to do
+	}
+	time.Sleep(50 * time.Millisecond)
+	b.mu.Lock()
+	most := b.mostResetting
+	close(b.hold)
+	b.mu.Unlock()
+	if most != recycleWork {
+		t.Fatalf("%d resets ran at once, want at most (and here exactly) %d", most, recycleWork)
+	}
+	waitParked(t, s, len(tenants))
 }
