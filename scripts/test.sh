@@ -11,9 +11,10 @@
 #      between two packages' runs. No test measures a time while they load
 #      the cores.
 #   2. The test binaries, each in its package's directory as go test runs
-#      them (-test.count=1, -test.timeout 45m), in two lanes of packages
-#      run one at a time: the microvm level's tests, then packages that
-#      mostly wait (LANE_VM, below), beside the rest. Under `go test -p 1`
+#      them (-test.count=1, -test.timeout 45m), one package at a time; or,
+#      with MOAT_TEST_LANES=2, in two lanes of packages run one at a time:
+#      the microvm level's tests, then packages that mostly wait (LANE_VM,
+#      below), beside the rest. Under `go test -p 1`
 #      the microvm tests left about half a core idle for 9 minutes and the
 #      waiting packages their share of both.
 #   3. The README's session example at every level.
