@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -117,9 +118,22 @@ func (b *runcBackend) prepare() (_ *runcInstance, err error) {
 // the run's stderr.
 func (in *runcInstance) startRunc() error {
 	b := in.b
-	cmd := exec.Command(b.runc, "--root", b.root, "--log", filepath.Join(in.bundle, "runc.log"), "--log-format", "json",
-		"run", "--keep", "--preserve-fds", "4", "--bundle", in.bundle, in.id)
+	// runc runs as PID 1 of a PID namespace of its own (with a /proc of
+	// that namespace, in a mount namespace of its own), which the
+	// container's is nested in, under util-linux's unshare, which moat's
+	// death kills (its parent death signal) and which then kills runc
+	// (--kill-child): the kernel then kills every process of runc's
+	// namespace, the container's init and the code's included. So a moat
+	// killed -9 leaves nothing of a run running, unbounded by its wall
+	// time, as a uid whose lease died with moat; what runc leaves (its
+	// state, the bundle, the cgroups) the reaper of a later moat removes.
+	// The pids in runc's state are its namespace's, which only runc reads.
+	args := []string{"--pid", "--mount-proc", "--kill-child=SIGKILL", "--", b.runc,
+		"--root", b.root, "--log", filepath.Join(in.bundle, "runc.log"), "--log-format", "json",
+		"run", "--keep", "--preserve-fds", "4", "--bundle", in.bundle, in.id}
+	cmd := exec.Command(b.unshare, args...)
 	cmd.Env = runcEnv()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	var child []*os.File
 	defer func() {
 		for _, f := range child {
@@ -205,6 +219,9 @@ func (in *runcInstance) check() error {
 	}
 	if err := checkNamespaces(pid); err != nil {
 		return unavailable("a container of the runc driver would share a namespace with the host", "check "+b.runc, err)
+	}
+	if err := checkNested(pid); err != nil {
+		return unavailable("a container of the runc driver would not die with moat", "check "+b.runc, err)
 	}
 	p := &runcProcess{in: in}
 	in.p = p
@@ -340,6 +357,25 @@ func checkNamespaces(pid int) error {
 		if mine == its {
 			return fmt.Errorf("container: the run's init shares moat's %s namespace (%s)", ns, its)
 		}
+	}
+	return nil
+}
+
+// checkNested checks from the host that process pid is PID 1 of a PID
+// namespace nested in runc's (startRunc), itself a child of moat's: two
+// levels below moat's, so that runc's death, which moat's brings, kills it.
+func checkNested(pid int) error {
+	mine, err := procStatus(os.Getpid())
+	if err != nil {
+		return fmt.Errorf("container: moat's own status: %w", err)
+	}
+	its, err := procStatus(pid)
+	if err != nil {
+		return fmt.Errorf("container: the run's init (pid %d): %w", pid, err)
+	}
+	m, i := strings.Fields(mine["NSpid"]), strings.Fields(its["NSpid"])
+	if len(i) != len(m)+2 || i[len(i)-1] != "1" {
+		return fmt.Errorf("container: the run's init has NSpid %q, not PID 1 of a namespace in runc's (moat's NSpid %q)", its["NSpid"], mine["NSpid"])
 	}
 	return nil
 }
