@@ -3,6 +3,7 @@ package container_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -97,4 +98,65 @@ func TestRuncProbeMoatDeathEndsRun(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Errorf("5 s after moat was killed -9, the run's code still runs as uid %d: %v", uid, left)
+}
+
+// brokenRunc makes a directory for MOAT_LIBEXEC whose runc is moat's,
+// except that it rewrites every bundle's config.json with edit (a Python
+// expression over the spec c) before running it: a runc that ignores
+// part of the spec, as a broken or older one may.
+func brokenRunc(t *testing.T, edit string) string {
+	t.Helper()
+	real := "/usr/local/lib/moat/runc"
+	if d := os.Getenv("MOAT_LIBEXEC"); d != "" {
+		real = d + "/runc"
+	}
+	dir := t.TempDir()
+	script := `#!/bin/sh
+b=""; prev=""
+for a in "$@"; do [ "$prev" = "--bundle" ] && b="$a"; prev="$a"; done
+if [ -n "$b" ]; then
+  /usr/bin/python3 -c 'import json, sys
+p = sys.argv[1] + "/config.json"; c = json.load(open(p))
+` + edit + `
+json.dump(c, open(p, "w"))' "$b" || exit 99
+fi
+exec ` + real + ` "$@"
+`
+	if err := os.WriteFile(dir+"/runc", []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestRuncProbeBrokenRuncMounts: a runc that leaves the shared root
+// filesystem writable, /proc unmasked or mounts /sys (what the host does
+// not see in the init's seccomp, credentials or namespaces) must not get
+// code to run: the host checks the init's mounts too.
+func TestRuncProbeBrokenRuncMounts(t *testing.T) {
+	needRunc(t)
+	for name, edit := range map[string]string{
+		"root writable":    `c["root"]["readonly"] = False`,
+		"proc unmasked":    `c["linux"]["maskedPaths"] = []`,
+		"proc/sys rw":      `c["linux"]["readonlyPaths"] = []`,
+		"sysfs":            `c["mounts"].append({"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]})`,
+		"tmpfs exec, suid": `[m.__setitem__("options", [o for o in m["options"] if o not in ("noexec", "nosuid", "nodev")]) for m in c["mounts"] if m["destination"] == "/work"]`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Setenv("MOAT_LIBEXEC", brokenRunc(t, edit))
+			sb, err := moatcontainer.New(moatcontainer.Config{Driver: moatcontainer.DriverRunc, Warm: -1})
+			if err == nil {
+				defer sb.Close()
+				var res *moat.Result
+				res, err = sb.Run(context.Background(), moat.Request{Code: []byte(`import os
+print(open('/proc/self/mountinfo').read())`)})
+				if err == nil {
+					t.Fatalf("a runc with %s ran the code (exit %d): %s", name, res.ExitCode, res.Stdout)
+				}
+			}
+			if !errors.Is(err, moat.ErrUnavailable) {
+				t.Fatalf("a runc with %s: %v, want ErrUnavailable", name, err)
+			}
+			t.Logf("refused: %v", err)
+		})
+	}
 }
