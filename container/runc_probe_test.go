@@ -160,3 +160,38 @@ print(open('/proc/self/mountinfo').read())`)})
 		})
 	}
 }
+
+// TestRuncProbeBrokenRuncLimits: a runc that does not set the memory,
+// memory+swap, pids or CPU limit of the container's cgroups must not get
+// code to run: the host reads the limits back before any code runs.
+func TestRuncProbeBrokenRuncLimits(t *testing.T) {
+	needRunc(t)
+	for name, c := range map[string]struct{ edit, why string }{
+		"no memory limit": {`c["linux"]["resources"]["memory"] = {}`, "memory.limit_in_bytes"},
+		"no swap limit":   {`del c["linux"]["resources"]["memory"]["swap"]`, "memory.memsw.limit_in_bytes"},
+		"no pids limit":   {`c["linux"]["resources"]["pids"] = {"limit": 0}`, "pids.max"},
+		"no cpu quota":    {`c["linux"]["resources"]["cpu"] = {}`, "cpu.cfs_quota_us"},
+		"no rlimits":      {`c["process"]["rlimits"] = []`, "rlimit"},
+	} {
+		edit := c.edit
+		t.Run(name, func(t *testing.T) {
+			t.Setenv("MOAT_LIBEXEC", brokenRunc(t, edit))
+			sb, err := moatcontainer.New(moatcontainer.Config{Driver: moatcontainer.DriverRunc, Warm: -1})
+			if err == nil {
+				defer sb.Close()
+				var res *moat.Result
+				res, err = sb.Run(context.Background(), moat.Request{Code: []byte(`print(open('/proc/self/limits').read())`)})
+				if err == nil {
+					t.Fatalf("a runc with %s ran the code (exit %d): %s", name, res.ExitCode, res.Stdout)
+				}
+			}
+			if !errors.Is(err, moat.ErrUnavailable) {
+				t.Fatalf("a runc with %s: %v, want ErrUnavailable", name, err)
+			}
+			t.Logf("refused: %v", err)
+			if !strings.Contains(err.Error(), c.why) {
+				t.Errorf("the refusal does not name %s: %v", c.why, err)
+			}
+		})
+	}
+}

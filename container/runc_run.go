@@ -223,6 +223,9 @@ func (in *runcInstance) check() error {
 	if err := b.spec.checkMounts(pid); err != nil {
 		return unavailable("a container of the runc driver would have more of the host, or less read-only, than moat allows", "check "+b.runc, err)
 	}
+	if err := b.spec.checkLimits(pid, "/"+b.paths.cgroupParent+"/"+in.id); err != nil {
+		return unavailable("a container of the runc driver would run without moat's limits", "check "+b.runc, err)
+	}
 	if err := checkNested(pid); err != nil {
 		return unavailable("a container of the runc driver would not die with moat", "check "+b.runc, err)
 	}
