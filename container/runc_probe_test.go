@@ -195,3 +195,42 @@ func TestRuncProbeBrokenRuncLimits(t *testing.T) {
 		})
 	}
 }
+
+// TestRuncProbeExitCodeForgery: the code's own exit status never decides a
+// reason that only host-side evidence may give: exit(137) is not an OOM
+// kill, exit(152) (128+SIGXCPU) is not the CPU time limit.
+func TestRuncProbeExitCodeForgery(t *testing.T) {
+	needRunc(t)
+	sb := runcFactory(t, moat.Limits{})
+	defer sb.Close()
+	for _, code := range []int{137, 152, 153} {
+		res, err := sb.Run(context.Background(), moat.Request{Code: []byte(fmt.Sprintf("import os\nos._exit(%d)", code))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("exit(%d): reason %q signal %q exit %d", code, res.Reason, res.Signal, res.ExitCode)
+		switch res.Reason {
+		case moat.ReasonMemory, moat.ReasonTimeout, moat.ReasonFileSize, moat.ReasonPids, moat.ReasonDisk:
+			t.Errorf("exit(%d) is reported as the %s limit, which the host did not see", code, res.Reason)
+		}
+	}
+}
+
+// TestRuncProbeRealXCPU is the control of TestRuncProbeExitCodeForgery: a
+// process that the kernel kills with SIGXCPU at its CPU rlimit (one busy
+// process, the rlimit's 1 s under the tree's 1.5 s) is still reported as
+// the CPU time limit.
+func TestRuncProbeRealXCPU(t *testing.T) {
+	needRunc(t)
+	sb := runcFactory(t, moat.Limits{CPUTime: moat.Duration(1500 * time.Millisecond), WallTime: moat.Duration(20 * time.Second)})
+	defer sb.Close()
+	res, err := sb.Run(context.Background(), moat.Request{Code: []byte("while True: pass")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("reason %q signal %q exit %d", res.Reason, res.Signal, res.ExitCode)
+	if res.Reason != moat.ReasonTimeout {
+		t.Errorf("a busy loop past its CPU rlimit: reason %q, want timeout", res.Reason)
+	}
+}
+
