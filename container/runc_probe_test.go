@@ -233,4 +233,3 @@ func TestRuncProbeRealXCPU(t *testing.T) {
 		t.Errorf("a busy loop past its CPU rlimit: reason %q, want timeout", res.Reason)
 	}
 }
-
