@@ -117,8 +117,15 @@
 // LANG, the leased uid and gid with no supplementary group. Before any
 // code is written, the host checks the init's seccomp filter (as many as
 // the driver's own probe container showed), capabilities, no_new_privs,
-// credentials and namespaces, and watches it as above. The evidence is
-// runc's exit code (the init's status, 128+N for signal N), the memory
+// credentials and namespaces, its mounts (the root read-only, the masked
+// and read-only /proc paths, the tmpfs mounts nosuid, nodev and noexec,
+// no other mount), its cgroup limits and rlimits (read back), and watches
+// it as above. runc runs as PID 1 of a PID namespace of its own under
+// util-linux's unshare, which moat's death kills: a moat killed -9 leaves
+// no code running (a later New reaps the state, bundle and cgroups). The
+// evidence is runc's exit code (the init's status, 128+N for signal N;
+// 128+SIGXCPU counts as the CPU limit only when the host saw the CPU
+// used), the memory
 // cgroup's OOM kills and the pids controller's refusals (kept past the
 // run by --keep), and the watch's; a kill is a SIGKILL to the init's
 // pidfd, which ends its PID namespace. Runc's state lives under

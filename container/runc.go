@@ -68,6 +68,7 @@ func findRunc() string {
 // sessions to the Docker path's backend, when there is one.
 type runcBackend struct {
 	runc    string // the runc binary
+	unshare string // util-linux's unshare, which runs runc (startRunc)
 	version string // its version, e.g. "1.3.6"
 	paths   runcPaths
 	owner   string // this process's owner id
@@ -126,7 +127,7 @@ func newRuncBackend(cfg Config, paths runcPaths) (*runcBackend, error) {
 		return nil, unavailable("the runc driver cannot name its owner", "", err)
 	}
 	b := &runcBackend{
-		runc: f.path, version: f.version, paths: paths, owner: id,
+		runc: f.path, version: f.version, unshare: f.unshare, paths: paths, owner: id,
 		root:    filepath.Join(paths.state, id),
 		rootfs:  f.rootfs,
 		spec:    newSpec(cfg, "", nil, prof, ""),
@@ -148,7 +149,7 @@ func newRuncBackend(cfg Config, paths runcPaths) (*runcBackend, error) {
 
 // runcFound is what findRuncDriver found.
 type runcFound struct {
-	path, version, rootfs string
+	path, version, rootfs, unshare string
 }
 
 // findRuncDriver checks what the runc driver needs, without making or
@@ -177,11 +178,15 @@ func findRuncDriver(cfg Config) (runcFound, error) {
 	if err := runcHasSeccomp(ctx, path); err != nil {
 		return runcFound{}, unavailable(path+" cannot apply seccomp filters", "build runc with -tags seccomp (scripts/setup-docker.sh does)", err)
 	}
+	unshare, err := exec.LookPath("/usr/bin/unshare")
+	if err != nil {
+		return runcFound{}, unavailable("the runc driver runs runc under util-linux's unshare, so that a moat that dies takes its runs with it, and there is none", "install util-linux", err)
+	}
 	rootfs := image.Path(cfg.SharedImage)
 	if _, err := os.Stat(filepath.Join(rootfs, strings.TrimPrefix(cfg.Python, "/"))); err != nil {
 		return runcFound{}, unavailable("the shared root filesystem is not built ("+rootfs+")", "run '"+cfg.SharedImage.BuildCommand()+"' (as root)", err)
 	}
-	return runcFound{path, ver, rootfs}, nil
+	return runcFound{path, ver, rootfs, unshare}, nil
 }
 
 // runcHasSeccomp checks, with `runc features`, that runc was built with

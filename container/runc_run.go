@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -117,9 +118,22 @@ func (b *runcBackend) prepare() (_ *runcInstance, err error) {
 // the run's stderr.
 func (in *runcInstance) startRunc() error {
 	b := in.b
-	cmd := exec.Command(b.runc, "--root", b.root, "--log", filepath.Join(in.bundle, "runc.log"), "--log-format", "json",
-		"run", "--keep", "--preserve-fds", "4", "--bundle", in.bundle, in.id)
+	// runc runs as PID 1 of a PID namespace of its own (with a /proc of
+	// that namespace, in a mount namespace of its own), which the
+	// container's is nested in, under util-linux's unshare, which moat's
+	// death kills (its parent death signal) and which then kills runc
+	// (--kill-child): the kernel then kills every process of runc's
+	// namespace, the container's init and the code's included. So a moat
+	// killed -9 leaves nothing of a run running, unbounded by its wall
+	// time, as a uid whose lease died with moat; what runc leaves (its
+	// state, the bundle, the cgroups) the reaper of a later moat removes.
+	// The pids in runc's state are its namespace's, which only runc reads.
+	args := []string{"--pid", "--mount-proc", "--kill-child=SIGKILL", "--", b.runc,
+		"--root", b.root, "--log", filepath.Join(in.bundle, "runc.log"), "--log-format", "json",
+		"run", "--keep", "--preserve-fds", "4", "--bundle", in.bundle, in.id}
+	cmd := exec.Command(b.unshare, args...)
 	cmd.Env = runcEnv()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	var child []*os.File
 	defer func() {
 		for _, f := range child {
@@ -205,6 +219,15 @@ func (in *runcInstance) check() error {
 	}
 	if err := checkNamespaces(pid); err != nil {
 		return unavailable("a container of the runc driver would share a namespace with the host", "check "+b.runc, err)
+	}
+	if err := b.spec.checkMounts(pid); err != nil {
+		return unavailable("a container of the runc driver would have more of the host, or less read-only, than moat allows", "check "+b.runc, err)
+	}
+	if err := b.spec.checkLimits(pid, "/"+b.paths.cgroupParent+"/"+in.id); err != nil {
+		return unavailable("a container of the runc driver would run without moat's limits", "check "+b.runc, err)
+	}
+	if err := checkNested(pid); err != nil {
+		return unavailable("a container of the runc driver would not die with moat", "check "+b.runc, err)
 	}
 	p := &runcProcess{in: in}
 	in.p = p
@@ -340,6 +363,25 @@ func checkNamespaces(pid int) error {
 		if mine == its {
 			return fmt.Errorf("container: the run's init shares moat's %s namespace (%s)", ns, its)
 		}
+	}
+	return nil
+}
+
+// checkNested checks from the host that process pid is PID 1 of a PID
+// namespace nested in runc's (startRunc), itself a child of moat's: two
+// levels below moat's, so that runc's death, which moat's brings, kills it.
+func checkNested(pid int) error {
+	mine, err := procStatus(os.Getpid())
+	if err != nil {
+		return fmt.Errorf("container: moat's own status: %w", err)
+	}
+	its, err := procStatus(pid)
+	if err != nil {
+		return fmt.Errorf("container: the run's init (pid %d): %w", pid, err)
+	}
+	m, i := strings.Fields(mine["NSpid"]), strings.Fields(its["NSpid"])
+	if len(i) != len(m)+2 || i[len(i)-1] != "1" {
+		return fmt.Errorf("container: the run's init has NSpid %q, not PID 1 of a namespace in runc's (moat's NSpid %q)", its["NSpid"], mine["NSpid"])
 	}
 	return nil
 }
@@ -537,9 +579,13 @@ func (p *runcProcess) Wait() (engine.Evidence, error) {
 	if err != nil {
 		return engine.Evidence{}, unavailable("the container's refused forks cannot be read", "", err)
 	}
+	status, err := in.xcpuSeen(exitStatus(int64(code)), p.w.cpuHit.Load())
+	if err != nil {
+		return engine.Evidence{}, err
+	}
 	ev := engine.Evidence{
 		Exited:   !killed,
-		Status:   exitStatus(int64(code)),
+		Status:   status,
 		Memory:   oom > 0,
 		Pids:     refused > 0 || p.w.pidsHit.Load(),
 		CPUTime:  p.w.cpuHit.Load(),
@@ -547,4 +593,30 @@ func (p *runcProcess) Wait() (engine.Evidence, error) {
 		Disk:     p.w.diskFull(),
 	}
 	return ev, nil
+}
+
+// xcpuSeen returns status, save that a death by SIGXCPU (which the verdict
+// counts as the CPU time limit) stands only when the host saw it: the
+// shell reports Python's exit(152) as it does a death by SIGXCPU, 152, so
+// unless the watch hit the CPU limit or the cgroup's CPU usage reaches the
+// per-process CPU rlimit (the kernel's SIGXCPU needs that much in one
+// process), the status is the exit code 152 that the code may have chosen.
+func (in *runcInstance) xcpuSeen(status syscall.WaitStatus, cpuHit bool) (syscall.WaitStatus, error) {
+	if !status.Signaled() || status.Signal() != syscall.SIGXCPU || cpuHit {
+		return status, nil
+	}
+	var soft time.Duration
+	for _, u := range in.b.spec.ulimits() {
+		if u.Name == "cpu" {
+			soft = time.Duration(u.Soft) * time.Second
+		}
+	}
+	used, err := in.cg.cpuUsage()
+	if err != nil {
+		return 0, unavailable("the container's CPU usage cannot be read", "", err)
+	}
+	if soft > 0 && used >= soft {
+		return status, nil
+	}
+	return engine.Exit(128 + int(syscall.SIGXCPU)), nil
 }
