@@ -106,9 +106,38 @@ func loadReaper() int {
 	return ro
 }
 
+// reaperCaps are the only capabilities the reaper keeps: CAP_KILL, for
+// kill(-1, SIGKILL) of the run's processes, which run under another uid.
+// Waiting, closing and writing its own descriptors need none.
+const reaperCaps = 1 << unix.CAP_KILL
+
+// dropBoundingExcept drops every capability but those of keep from the
+// bounding set, which bounds what a root exec grants: the helper itself
+// keeps what it holds, the program it execs gets keep at most.
+func dropBoundingExcept(keep uint64) error {
+	for c := 0; c < 64; c++ {
+		if keep&(1<<c) != 0 {
+			continue
+		}
+		err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0)
+		if err == unix.EINVAL { // past the kernel's last capability
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("subprocess: drop capability %d from the bounding set: %w", c, err)
+		}
+	}
+	return nil
+}
+
 // execReaper makes the helper the reaper of python3 (pid): it returns only
-// if the exec failed, with the helper as it was.
+// if the exec failed, with the helper as it was but for its bounding set.
+// The reaper holds CAP_KILL alone (reaperCaps), not the helper's root
+// capabilities: if the code ever reached it, it would find nothing else.
 func execReaper(fd, pid int) error {
+	if err := dropBoundingExcept(reaperCaps); err != nil {
+		return err
+	}
 	// The status pipe is the reaper's fd 3; every other descriptor above
 	// 2 is close-on-exec (closeOnExecFrom).
 	if _, err := unix.FcntlInt(statusFD, unix.F_SETFD, 0); err != nil {
