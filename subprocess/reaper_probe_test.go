@@ -1,11 +1,19 @@
 package subprocess_test
 
 import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/moatsandbox/moat"
+	"github.com/moatsandbox/moat/subprocess"
 )
 
 // Probes from a hostile review of the reaper (reaper.go) and of what a run
@@ -108,5 +116,88 @@ func TestProbeReaperOutOfReach(t *testing.T) {
 		if res.ExitCode != 7 {
 			t.Errorf("run %d: exit code %d, want the code's 7 (reason %q, stderr %q)", i, res.ExitCode, res.Reason, res.Stderr)
 		}
+	}
+}
+
+// forgeProbe, under hardening=tutorial, where python3 runs under the
+// helper's own uid: it opens the status pipe of its parent, the reaper, by
+// path (the host's /proc, where its pid is the parent's), writes a report
+// of exit 0 there, and loops until the CPU limit kills it; then it tries to
+// ptrace the reaper (pid 1 in its namespace).
+const forgeProbe = `
+import ctypes, os, struct, sys
+pp = [l.split()[1] for l in open("/proc/self/status") if l.startswith("PPid")][0]
+libc = ctypes.CDLL(None, use_errno=True)
+if MODE == "ptrace":
+    print("ptrace", libc.ptrace(16, 1, 0, 0), flush=True)
+    sys.exit(0)
+try:
+    fd = os.open("/proc/%s/fd/3" % pp, os.O_WRONLY)
+except OSError as e:
+    print("denied", e.errno, flush=True)
+    sys.exit(3)
+os.write(fd, b"moatend\n" + bytes(152))
+while True:
+    pass
+`
+
+// TestProbeTutorialReportNotForged: under hardening=tutorial moat is not
+// root and the code runs under moat's own uid, the helper's and the
+// reaper's. Neither their status pipe nor ptrace may be open to it: a
+// run the CPU limit killed must not end as the code's forged exit 0, and
+// a ptrace of the reaper must fail. The test runs its own binary as nobody.
+func TestProbeTutorialReportNotForged(t *testing.T) {
+	if os.Getenv("MOAT_TUTORIAL_PROBE") != "" {
+		sb, err := subprocess.New(subprocess.Config{Hardening: subprocess.HardeningTutorial, Limits: moat.Limits{CPUTime: moat.Duration(time.Second), WallTime: moat.Duration(5 * time.Second)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sb.Close()
+		for _, arg := range []string{"forge", "ptrace"} {
+			res, err := sb.Run(context.Background(), moat.Request{Code: []byte("MODE = " + strconv.Quote(arg) + "\n" + forgeProbe)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			fmt.Printf("RESULT %s exit=%d reason=%s stdout=%q\n", arg, res.ExitCode, res.Reason, res.Stdout)
+		}
+		return
+	}
+	requireRoot(t)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "moat-tutorial-probe-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	os.Chmod(dir, 0o755)
+	bin := filepath.Join(dir, "subprocess.test")
+	b, err := os.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-test.run=^TestProbeTutorialReportNotForged$", "-test.count=1")
+	cmd.Env = []string{"MOAT_TUTORIAL_PROBE=1", "HOME=/nonexistent", "PATH=/usr/bin:/bin"}
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the tutorial run as nobody failed: %v: %s", err, out)
+	}
+	got := string(out)
+	t.Log(got)
+	if !strings.Contains(got, "RESULT forge ") || !strings.Contains(got, "RESULT ptrace ") {
+		t.Fatalf("the tutorial probe did not report: %s", got)
+	}
+	if strings.Contains(got, "RESULT forge exit=0 ") {
+		t.Errorf("the code wrote the reaper's report: a run it made loop ended as exit 0: %s", got)
+	}
+	if strings.Contains(got, `ptrace 0\n`) {
+		t.Errorf("the code ptrace-attached the reaper: %s", got)
 	}
 }
