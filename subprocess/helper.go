@@ -118,6 +118,14 @@ func helperMain() int {
 	if err := closeOnExecFrom(statusFD); err != nil {
 		return fail("close-on-exec", err)
 	}
+	// Not dumpable: where python3 runs under the helper's own uid
+	// (hardening=tutorial), its descriptors (the status pipe), memory and
+	// ptrace would be open to the code, which could write the report.
+	// The reaper, which exec makes dumpable again, is exec'd unreadable
+	// for the same reason (loadReaper).
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return fail("dumpable", err)
+	}
 	var sp spec
 	if err := json.Unmarshal(arg, &sp); err != nil {
 		return fail("spec", err)

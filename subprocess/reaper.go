@@ -103,12 +103,73 @@ func loadReaper() int {
 	if err != nil {
 		return -1
 	}
+	// Executable, not readable, by its owner: an exec by a process that
+	// cannot read the file leaves the new program non-dumpable (execReaper
+	// drops the capabilities that read it anyway), so the reaper's
+	// descriptors, memory and ptrace are not open to the code's uid where
+	// that is the helper's (hardening=tutorial).
+	if err := unix.Fchmod(ro, 0o100); err != nil {
+		unix.Close(ro)
+		return -1
+	}
 	return ro
 }
 
+// dropReadCaps drops, from the calling thread's effective set, the
+// capabilities that let it read a file its mode does not (CAP_DAC_OVERRIDE,
+// CAP_DAC_READ_SEARCH).
+func dropReadCaps() error {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("subprocess: capget: %w", err)
+	}
+	data[0].Effective &^= 1<<unix.CAP_DAC_OVERRIDE | 1<<unix.CAP_DAC_READ_SEARCH
+	if err := unix.Capset(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("subprocess: capset: %w", err)
+	}
+	return nil
+}
+
+// reaperCaps are the only capabilities the reaper keeps: CAP_KILL, for
+// kill(-1, SIGKILL) of the run's processes, which run under another uid.
+// Waiting, closing and writing its own descriptors need none.
+const reaperCaps = 1 << unix.CAP_KILL
+
+// dropBoundingExcept drops every capability but those of keep from the
+// bounding set, which bounds what a root exec grants: the helper itself
+// keeps what it holds, the program it execs gets keep at most.
+func dropBoundingExcept(keep uint64) error {
+	for c := 0; c < 64; c++ {
+		if keep&(1<<c) != 0 {
+			continue
+		}
+		err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0)
+		if err == unix.EINVAL { // past the kernel's last capability
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("subprocess: drop capability %d from the bounding set: %w", c, err)
+		}
+	}
+	return nil
+}
+
 // execReaper makes the helper the reaper of python3 (pid): it returns only
-// if the exec failed, with the helper as it was.
+// if the exec failed, with the helper as it was but for its bounding set.
+// The reaper holds CAP_KILL alone (reaperCaps), not the helper's root
+// capabilities: if the code ever reached it, it would find nothing else.
 func execReaper(fd, pid int) error {
+	// Only a root exec grants capabilities (the memfd has no file
+	// capabilities); a helper that is not root holds none to drop.
+	if unix.Geteuid() == 0 {
+		if err := dropBoundingExcept(reaperCaps); err != nil {
+			return err
+		}
+	}
+	if err := dropReadCaps(); err != nil {
+		return err
+	}
 	// The status pipe is the reaper's fd 3; every other descriptor above
 	// 2 is close-on-exec (closeOnExecFrom).
 	if _, err := unix.FcntlInt(statusFD, unix.F_SETFD, 0); err != nil {

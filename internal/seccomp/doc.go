@@ -45,7 +45,9 @@
 //     (unshare, setns, mount and the new mount API, chroot, pivot_root,
 //     file handles), reach the kernel's riskiest surfaces (bpf,
 //     perf_event_open, userfaultfd, io_uring, keyrings, fanotify, NUMA
-//     memory policy) or administer the host (modules, kexec, reboot, swap,
+//     memory policy), make files the code writes into code (memfd_create:
+//     a memfd lies on no noexec mount, and exec or the loader runs it)
+//     or administer the host (modules, kexec, reboot, swap,
 //     accounting, quotas, the kernel log, host and domain names, clocks,
 //     port I/O). The lists follow Docker's default profile for an
 //     unprivileged container, plus io_uring (which can create sockets

@@ -143,6 +143,7 @@ var commonNames = map[uint32]string{
 	unix.SYS_PERF_EVENT_OPEN:         "perf_event_open",
 	unix.SYS_USERFAULTFD:             "userfaultfd",
 	unix.SYS_MEMFD_SECRET:            "memfd_secret",
+	unix.SYS_MEMFD_CREATE:            "memfd_create",
 	unix.SYS_IO_URING_SETUP:          "io_uring_setup",
 	unix.SYS_IO_URING_ENTER:          "io_uring_enter",
 	unix.SYS_IO_URING_REGISTER:       "io_uring_register",

@@ -56,6 +56,9 @@ var deniedCommon = []uint32{
 	unix.SYS_PERF_EVENT_OPEN,
 	unix.SYS_USERFAULTFD,
 	unix.SYS_MEMFD_SECRET, // memory even the kernel does not map: hides what the code holds
+	// A memfd is a file the code writes on no mount moat can make noexec:
+	// exec runs it, and the loader maps it executable without exec.
+	unix.SYS_MEMFD_CREATE,
 	unix.SYS_IO_URING_SETUP,
 	unix.SYS_IO_URING_ENTER,
 	unix.SYS_IO_URING_REGISTER,

@@ -61,6 +61,7 @@ var wantDenied = map[string]uint32{
 	"delete_module":           unix.SYS_DELETE_MODULE,
 	"kexec_load":              unix.SYS_KEXEC_LOAD,
 	"memfd_secret":            unix.SYS_MEMFD_SECRET,
+	"memfd_create":            unix.SYS_MEMFD_CREATE,
 	"kexec_file_load":         unix.SYS_KEXEC_FILE_LOAD,
 	"reboot":                  unix.SYS_REBOOT,
 	"swapon":                  unix.SYS_SWAPON,
