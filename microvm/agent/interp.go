@@ -223,21 +223,57 @@ func (a *agent) startInterp() (*interp, error) {
 		it.ws = reaped.wait(cmd.Process.Pid)
 		close(it.done)
 	}()
+	if err := it.ready(a, soR, seR); err != nil {
+		return nil, err
+	}
+	return it, nil
+}
+
+// interpFromZygote makes z, a python3 of the current generation that has
+// not been given code, the session's interpreter: it is handed the driver
+// (codeDir/driver.py, written by then) as its code, the driver's records
+// and reports pipes being the ones z got at its start, and the agent waits
+// until the driver is ready. Python's start, the most of an interpreter's
+// (about 0.9s under TCG), was done when z started: in a pooled VM, at its
+// Refresh, after the reseed, so that the interpreter's hash secret is this
+// VM's own. z is discarded when it fails.
+func (a *agent) interpFromZygote(z *zygote) (*interp, error) {
+	start := strings.Join(append([]string{"driver", codeDir + "/driver.py"}, a.env...), "\x00")
+	if _, err := z.start.WriteString(start); err != nil {
+		z.discard()
+		return nil, fmt.Errorf("hand python3 the driver: %w", err)
+	}
+	z.start.Close()
+	it := &interp{cmd: z.cmd, group: z.group, cin: z.records, cout: z.reports, done: make(chan struct{}), gen: z.gen}
+	go func() {
+		it.ws = reaped.wait(z.cmd.Process.Pid)
+		close(it.done)
+	}()
+	if err := it.ready(a, z.out, z.errs); err != nil {
+		return nil, err
+	}
+	return it, nil
+}
+
+// ready forwards the interpreter's stdout and stderr (sout and serr) to
+// out from now on and waits, at most zygoteReady, for its driver to say it is
+// ready. An interpreter that is not is killed.
+func (it *interp) ready(out sender, sout, serr *os.File) error {
 	for i, s := range []struct {
 		f *os.File
 		k wire.Kind
-	}{{soR, wire.KindStdout}, {seR, wire.KindStderr}} {
-		it.streams[i] = &splitter{out: a, kind: s.k, f: s.f, eof: make(chan struct{})}
+	}{{sout, wire.KindStdout}, {serr, wire.KindStderr}} {
+		it.streams[i] = &splitter{out: out, kind: s.k, f: s.f, eof: make(chan struct{})}
 		go it.streams[i].loop()
 	}
-	outR.SetReadDeadline(time.Now().Add(zygoteReady))
+	it.cout.SetReadDeadline(time.Now().Add(zygoteReady))
 	var h [1]byte
-	if _, err := io.ReadFull(outR, h[:]); err != nil || h[0] != 'H' {
-		killGroup(group)
-		return nil, fmt.Errorf("the interpreter was not ready within %v: %v", zygoteReady, err)
+	if _, err := io.ReadFull(it.cout, h[:]); err != nil || h[0] != 'H' {
+		it.discard()
+		return fmt.Errorf("the interpreter was not ready within %v: %v", zygoteReady, err)
 	}
-	outR.SetReadDeadline(time.Time{})
-	return it, nil
+	it.cout.SetReadDeadline(time.Time{})
+	return nil
 }
 
 // interpRun runs r's code in the session's interpreter, a fresh one when
