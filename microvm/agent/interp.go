@@ -46,10 +46,64 @@ import (
 // ready, and after each run the marker on descriptors 1 and 2 (where the
 // run's output ends) and b'X', the marker and the exit status (one byte) on
 // descriptor 4.
-const driverSource = `import os, sys, traceback, linecache
+//
+// It imports nothing at its start but what Python's own start did: traceback
+// and linecache (with tokenize and re, which they import) cost 0.5 to 2.6 s
+// under TCG, on the session's path. traceback is imported, from the standard
+// library's path, when a run's exception is to be printed; each run's
+// source goes into linecache's cache (where tracebacks find the lines of
+// code that has no file) as soon as linecache is there, and a finder at the
+// head of sys.meta_path, which removes itself, puts the sources of the
+// runs before into it when the code (or traceback) first imports it.
+const driverSource = `import os, sys
 def _moat_driver():
     sys.stdout.reconfigure(line_buffering=True)
+    stdpath = sys.path[:]
     sys.path.insert(0, os.getcwd())
+    pending = {}
+    def linecache():
+        lc = sys.modules.get('linecache')
+        cache = getattr(lc, 'cache', None)
+        if isinstance(cache, dict):
+            cache.update(pending)
+            pending.clear()
+            return cache
+        return pending
+    class LinecacheFinder:
+        @classmethod
+        def find_spec(cls, name, path=None, target=None):
+            if name != 'linecache':
+                return None
+            try:
+                sys.meta_path.remove(cls)
+            except ValueError:
+                pass
+            for f in sys.meta_path:
+                if getattr(f, '__name__', '') == 'PathFinder':
+                    spec = f.find_spec(name, path, target)
+                    break
+            else:
+                return None
+            if spec is None or spec.loader is None or not hasattr(spec.loader, 'exec_module'):
+                return spec
+            exec_module = spec.loader.exec_module
+            def exec_and_fill(module):
+                exec_module(module)
+                linecache()
+            spec.loader.exec_module = exec_and_fill
+            return spec
+    sys.meta_path.insert(0, LinecacheFinder)
+    def print_exception(t, v, tb):
+        tbm = sys.modules.get('traceback')
+        if tbm is None:
+            saved = sys.path[:]
+            sys.path[:] = stdpath
+            try:
+                import traceback as tbm
+            finally:
+                sys.path[:] = saved
+        linecache()
+        tbm.print_exception(t, v, tb)
     out, err = sys.stdout, sys.stderr
     def readn(n):
         b = bytearray()
@@ -84,7 +138,7 @@ def _moat_driver():
         try:
             try:
                 text = src.decode('utf-8')
-                linecache.cache[name] = (len(text), None, text.splitlines(True), name)
+                linecache()[name] = (len(text), None, text.splitlines(True), name)
             except UnicodeDecodeError:
                 pass
             exec(compile(src, name, 'exec'), g)
@@ -93,7 +147,7 @@ def _moat_driver():
         except BaseException:
             t, v, tb = sys.exc_info()
             try:
-                traceback.print_exception(t, v, tb.tb_next)
+                print_exception(t, v, tb.tb_next)
             except BaseException:
                 pass
             status = 1
@@ -223,21 +277,57 @@ func (a *agent) startInterp() (*interp, error) {
 		it.ws = reaped.wait(cmd.Process.Pid)
 		close(it.done)
 	}()
+	if err := it.ready(a, soR, seR); err != nil {
+		return nil, err
+	}
+	return it, nil
+}
+
+// interpFromZygote makes z, a python3 of the current generation that has
+// not been given code, the session's interpreter: it is handed the driver
+// (codeDir/driver.py, written by then) as its code, the driver's records
+// and reports pipes being the ones z got at its start, and the agent waits
+// until the driver is ready. Python's start, the most of an interpreter's
+// (about 0.9s under TCG), was done when z started: in a pooled VM, at its
+// Refresh, after the reseed, so that the interpreter's hash secret is this
+// VM's own. z is discarded when it fails.
+func (a *agent) interpFromZygote(z *zygote) (*interp, error) {
+	start := strings.Join(append([]string{"driver", codeDir + "/driver.py"}, a.env...), "\x00")
+	if _, err := z.start.WriteString(start); err != nil {
+		z.discard()
+		return nil, fmt.Errorf("hand python3 the driver: %w", err)
+	}
+	z.start.Close()
+	it := &interp{cmd: z.cmd, group: z.group, cin: z.records, cout: z.reports, done: make(chan struct{}), gen: z.gen}
+	go func() {
+		it.ws = reaped.wait(z.cmd.Process.Pid)
+		close(it.done)
+	}()
+	if err := it.ready(a, z.out, z.errs); err != nil {
+		return nil, err
+	}
+	return it, nil
+}
+
+// ready forwards the interpreter's stdout and stderr (sout and serr) to
+// out from now on and waits, at most zygoteReady, for its driver to say it is
+// ready. An interpreter that is not is killed.
+func (it *interp) ready(out sender, sout, serr *os.File) error {
 	for i, s := range []struct {
 		f *os.File
 		k wire.Kind
-	}{{soR, wire.KindStdout}, {seR, wire.KindStderr}} {
-		it.streams[i] = &splitter{out: a, kind: s.k, f: s.f, eof: make(chan struct{})}
+	}{{sout, wire.KindStdout}, {serr, wire.KindStderr}} {
+		it.streams[i] = &splitter{out: out, kind: s.k, f: s.f, eof: make(chan struct{})}
 		go it.streams[i].loop()
 	}
-	outR.SetReadDeadline(time.Now().Add(zygoteReady))
+	it.cout.SetReadDeadline(time.Now().Add(zygoteReady))
 	var h [1]byte
-	if _, err := io.ReadFull(outR, h[:]); err != nil || h[0] != 'H' {
-		killGroup(group)
-		return nil, fmt.Errorf("the interpreter was not ready within %v: %v", zygoteReady, err)
+	if _, err := io.ReadFull(it.cout, h[:]); err != nil || h[0] != 'H' {
+		it.discard()
+		return fmt.Errorf("the interpreter was not ready within %v: %v", zygoteReady, err)
 	}
-	outR.SetReadDeadline(time.Time{})
-	return it, nil
+	it.cout.SetReadDeadline(time.Time{})
+	return nil
 }
 
 // interpRun runs r's code in the session's interpreter, a fresh one when

@@ -23,7 +23,9 @@
 // reseed, so that no two VMs of one template share Python's string hash
 // secret, its address layout or its stack canary (code never runs in a
 // python3 that started before the VM's latest refresh; see freshen), and
-// says Idle. Then moat sends one Run, or a Session. For a Run the agent
+// says Idle. Then moat sends one Run, or a Session (whose live
+// interpreter, in an interpreter session, is that python3 handed the
+// interpreter's driver as its code). For a Run the agent
 // sets the clock again, reseeds the kernel's random generator again, sizes
 // the writable layer to the disk limit, sets the cgroup's memory and
 // process limits and python3's rlimits, and hands python3 the code. It
@@ -145,11 +147,15 @@ type agent struct {
 }
 
 // zygoteSource is the Python program that, once started, closes
-// descriptor 4 (the agent then knows it is ready), waits for the path of
-// the code on descriptor 3 (followed, NUL-separated, by the KEY=VALUE
-// entries the run adds to its environment: the egress proxy's, which a
-// VM restored from the template learns only with its run) and then runs
-// the code as `python3 PATH`
+// descriptor 4 (the agent then knows it is ready), waits on descriptor 3
+// for its start: a mode, the path of the code and the KEY=VALUE entries
+// the run adds to its environment (the egress proxy's, which a VM restored
+// from the template learns only with its run), NUL-separated, up to the
+// end of the pipe. The mode is "run" (a run's code) or "driver" (a
+// session's live interpreter: driverSource, whose records and reports
+// pipes are the zygote's descriptors 5 and 6, made its 3 and 4; see
+// interpFromZygote). Either way descriptors 5 and 6 are closed before the
+// code runs; then it runs the code as `python3 PATH`
 // would: as module __main__ with its own globals, sys.argv and sys.path[0]
 // set from PATH, the traceback of an uncaught exception printed by
 // sys.excepthook without the zygote's frame and exit status 1 (an uncaught
@@ -164,7 +170,17 @@ const zygoteSource = `import os, sys
 def _moat_main():
     os.close(4)
     with os.fdopen(3, 'rb') as f:
-        path, *env = f.read().split(b'\0')
+        mode, path, *env = f.read().split(b'\0')
+    if mode == b'driver':
+        os.dup2(5, 3)
+        os.dup2(6, 4)
+    elif mode != b'run':
+        os._exit(2)
+    for fd in 5, 6:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
     path = path.decode()
     for kv in env:
         k, _, v = kv.partition(b'=')
@@ -216,9 +232,13 @@ if _moat_status:
 type zygote struct {
 	cmd       *exec.Cmd
 	group     string   // its cgroup's directory
-	start     *os.File // write the code's path and close: the code runs
+	start     *os.File // write the start (see zygoteSource) and close: the code runs
 	out, errs *os.File // its stdout and stderr
-	gen       int      // the agent's gen when it started
+	// records and reports are the agent's ends of the driver's pipes
+	// (its descriptors 5 and 6), which it closes unless it becomes a
+	// session's interpreter (interpFromZygote).
+	records, reports *os.File
+	gen              int // the agent's gen when it started
 }
 
 // discard ends z, which has not been given code.
@@ -227,7 +247,15 @@ func (z *zygote) discard() {
 	z.start.Close()
 	z.out.Close()
 	z.errs.Close()
+	z.closeDriver()
 	go func() { reaped.wait(z.cmd.Process.Pid); removeGroup(z.group) }()
+}
+
+// closeDriver closes the agent's ends of the driver's pipes, which a run's
+// zygote does not use.
+func (z *zygote) closeDriver() {
+	z.records.Close()
+	z.reports.Close()
 }
 
 // newZygote starts the next run's python3 in a new cgroup, in the
@@ -285,19 +313,33 @@ func startZygote(group string) (*zygote, error) {
 		return nil, err
 	}
 	defer readyR.Close()
-	cmd.ExtraFiles = []*os.File{goR, readyW}
+	recR, recW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer recR.Close()
+	repR, repW, err := os.Pipe()
+	if err != nil {
+		recW.Close()
+		return nil, err
+	}
+	defer repW.Close()
+	cmd.ExtraFiles = []*os.File{goR, readyW, recR, repW}
 	cmd.SysProcAttr.UseCgroupFD = true
 	cmd.SysProcAttr.CgroupFD = int(cg.Fd())
 	err = reaped.start(cmd)
 	readyW.Close()
 	if err != nil {
+		recW.Close()
+		repR.Close()
 		return nil, fmt.Errorf("start python3: %w", err)
 	}
-	z := &zygote{cmd: cmd, group: group, start: goW, out: outR, errs: errR}
+	z := &zygote{cmd: cmd, group: group, start: goW, out: outR, errs: errR, records: recW, reports: repR}
 	// python3 closes its end when it is ready, or dies.
 	readyR.SetReadDeadline(time.Now().Add(zygoteReady))
 	if _, err := readyR.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
 		cmd.Process.Kill()
+		z.closeDriver()
 		return nil, fmt.Errorf("python3 was not ready within %v: %v", zygoteReady, err)
 	}
 	return z, nil
@@ -653,7 +695,9 @@ func (a *agent) restored(unixNano int64, seed []byte) error {
 
 // freshen makes sure that what waits for the next run's code started in
 // the current generation: a zygote started earlier is replaced; so is a
-// session's interpreter that has run no code yet. An interpreter that has
+// session's interpreter that has run no code yet. A session's first
+// interpreter is the zygote of the current generation when there is one
+// (a pooled VM's, started at its Refresh), handed the driver. An interpreter that has
 // is the session's memory and is kept, hash secret and all: every fork of
 // one suspended state shares it (the declared exception; see the
 // package doc of microvm).
@@ -661,6 +705,17 @@ func (a *agent) freshen() error {
 	if a.interpMode {
 		if z := a.zygote; z != nil {
 			a.zygote = nil
+			if a.interp == nil && z.gen == a.gen {
+				// The python3 the pool's Refresh started, after the
+				// reseed, in this VM alone: it becomes the interpreter,
+				// its start already done.
+				it, err := a.interpFromZygote(z)
+				if err != nil {
+					return fmt.Errorf("start the interpreter: %w", err)
+				}
+				a.interp = it
+				return nil
+			}
 			z.discard()
 		}
 		return a.freshInterp()
@@ -925,6 +980,7 @@ func (a *agent) run(r *wire.Run, st *runState) (*wire.Exit, error) {
 		// Killed before its code was released: nothing of it ran.
 		killGroup(group)
 		z.start.Close()
+		z.closeDriver()
 		reaped.wait(z.cmd.Process.Pid)
 		z.out.Close()
 		z.errs.Close()
@@ -970,7 +1026,8 @@ func (a *agent) run(r *wire.Run, st *runState) (*wire.Exit, error) {
 	}
 	// Files changed from now on are the run's (see fileAtLimit).
 	start := time.Now()
-	if _, err := z.start.WriteString(strings.Join(append([]string{codePath}, a.env...), "\x00")); err != nil {
+	z.closeDriver()
+	if _, err := z.start.WriteString(strings.Join(append([]string{"run", codePath}, a.env...), "\x00")); err != nil {
 		return nil, fmt.Errorf("start the code: %w", err)
 	}
 	z.start.Close()

@@ -716,7 +716,7 @@ func runPython(t *testing.T, cmd *exec.Cmd, path string) pyRun {
 		t.Fatal(err)
 	}
 	if start != nil {
-		start.WriteString(path)
+		start.WriteString("run\x00" + path)
 		start.Close()
 	}
 	cmd.Wait()
