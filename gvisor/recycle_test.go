@@ -113,17 +113,31 @@ func TestConformanceRecycled(t *testing.T) {
 	sandboxtest.Run(t, func(t *testing.T, l moat.Limits) moat.Sandbox {
 		sb := newSandbox(t, gvisor.Config{Limits: l, Recycle: true})
 		t.Cleanup(func() { recycled += int(sb.PoolStats().Recycled) })
-		// Two runs of the tenant's, so that an instance is made for it
-		// and reset: the suite's runs then find one parked.
-		for range 2 {
+		// Runs of the tenant's before the suite's: two, so that an
+		// instance is made for it, then one in that instance, which is
+		// then reset: the suite's runs then find it parked and are
+		// recycled ones, each after a reset.
+		leave := func() {
+			t.Helper()
 			if _, err := sb.Run(context.Background(), moat.Request{Code: []byte("open('left', 'w').write('x')"), Tenant: "suite"}); err != nil {
 				t.Fatal(err)
 			}
 		}
-		deadline := time.Now().Add(time.Minute)
-		for sb.PoolStats().Parked == 0 && time.Now().Before(deadline) {
-			time.Sleep(5 * time.Millisecond)
+		waitParked := func() {
+			t.Helper()
+			deadline := time.Now().Add(time.Minute)
+			for sb.PoolStats().Parked == 0 {
+				if time.Now().After(deadline) {
+					t.Fatal("no instance parked for the tenant within a minute")
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
 		}
+		leave()
+		leave()
+		waitParked()
+		leave()
+		waitParked()
 		return tenantSandbox{sb}
 	}, sandboxtest.Options{
 		Leftovers: func() []string { return leftovers(gvisor.DefaultStateDir, me) },
