@@ -6,115 +6,28 @@ import (
 	"strings"
 
 	"github.com/moatsandbox/moat/image"
+	"github.com/moatsandbox/moat/internal/oci"
 )
 
-// The parts of the OCI runtime specification (config.json) that a bundle
-// of the runc driver uses. runc rejects nothing it knows here, and ignores
-// what it does not know; every field moat relies on is checked from the
-// host when the run's init starts (see runcInstance.check).
+// The OCI spec types of package oci, under the names this package uses.
 type (
-	ociSpec struct {
-		Version  string     `json:"ociVersion"`
-		Process  ociProcess `json:"process"`
-		Root     ociRoot    `json:"root"`
-		Hostname string     `json:"hostname"`
-		Mounts   []ociMount `json:"mounts"`
-		Linux    ociLinux   `json:"linux"`
-	}
-	ociProcess struct {
-		Terminal        bool            `json:"terminal"`
-		User            ociUser         `json:"user"`
-		Args            []string        `json:"args"`
-		Env             []string        `json:"env"`
-		Cwd             string          `json:"cwd"`
-		Capabilities    ociCapabilities `json:"capabilities"`
-		Rlimits         []ociRlimit     `json:"rlimits"`
-		NoNewPrivileges bool            `json:"noNewPrivileges"`
-		OOMScoreAdj     int             `json:"oomScoreAdj"`
-	}
-	ociUser struct {
-		UID            uint32   `json:"uid"`
-		GID            uint32   `json:"gid"`
-		AdditionalGids []uint32 `json:"additionalGids"`
-	}
-	// ociCapabilities lists each set explicitly empty: no capability in
-	// any set, the bounding set included.
-	ociCapabilities struct {
-		Bounding    []string `json:"bounding"`
-		Effective   []string `json:"effective"`
-		Inheritable []string `json:"inheritable"`
-		Permitted   []string `json:"permitted"`
-		Ambient     []string `json:"ambient"`
-	}
-	ociRlimit struct {
-		Type string `json:"type"`
-		Hard uint64 `json:"hard"`
-		Soft uint64 `json:"soft"`
-	}
-	ociRoot struct {
-		Path     string `json:"path"`
-		Readonly bool   `json:"readonly"`
-	}
-	ociMount struct {
-		Destination string   `json:"destination"`
-		Type        string   `json:"type"`
-		Source      string   `json:"source"`
-		Options     []string `json:"options,omitempty"`
-	}
-	ociLinux struct {
-		Namespaces    []ociNamespace `json:"namespaces"`
-		Resources     ociResources   `json:"resources"`
-		CgroupsPath   string         `json:"cgroupsPath"`
-		Seccomp       *ociSeccomp    `json:"seccomp"`
-		MaskedPaths   []string       `json:"maskedPaths"`
-		ReadonlyPaths []string       `json:"readonlyPaths"`
-	}
-	ociNamespace struct {
-		Type string `json:"type"`
-	}
-	ociResources struct {
-		Devices []ociDevice `json:"devices"`
-		Memory  ociMemory   `json:"memory"`
-		CPU     ociCPU      `json:"cpu"`
-		Pids    ociPids     `json:"pids"`
-	}
-	ociDevice struct {
-		Allow  bool   `json:"allow"`
-		Access string `json:"access"`
-	}
-	ociMemory struct {
-		Limit int64 `json:"limit"`
-		Swap  int64 `json:"swap"` // memory plus swap
-	}
-	ociCPU struct {
-		Quota  int64  `json:"quota"`
-		Period uint64 `json:"period"`
-	}
-	ociPids struct {
-		Limit int64 `json:"limit"`
-	}
-	// ociSeccomp is linux.seccomp: the same fields, with the same
-	// meaning, as the Docker profile moat passes to the engine (runc
-	// compiles both with libseccomp), so that the profile converts field
-	// for field.
-	ociSeccomp struct {
-		DefaultAction   string           `json:"defaultAction"`
-		DefaultErrnoRet *uint            `json:"defaultErrnoRet,omitempty"`
-		Architectures   []string         `json:"architectures"`
-		Syscalls        []ociSyscallRule `json:"syscalls"`
-	}
-	ociSyscallRule struct {
-		Names    []string        `json:"names"`
-		Action   string          `json:"action"`
-		ErrnoRet *uint           `json:"errnoRet,omitempty"`
-		Args     []ociSeccompArg `json:"args,omitempty"`
-	}
-	ociSeccompArg struct {
-		Index    uint   `json:"index"`
-		Value    uint64 `json:"value"`
-		ValueTwo uint64 `json:"valueTwo"`
-		Op       string `json:"op"`
-	}
+	ociSpec         = oci.Spec
+	ociProcess      = oci.Process
+	ociUser         = oci.User
+	ociCapabilities = oci.Capabilities
+	ociRlimit       = oci.Rlimit
+	ociRoot         = oci.Root
+	ociMount        = oci.Mount
+	ociLinux        = oci.Linux
+	ociNamespace    = oci.Namespace
+	ociResources    = oci.Resources
+	ociDevice       = oci.Device
+	ociMemory       = oci.Memory
+	ociCPU          = oci.CPU
+	ociPids         = oci.Pids
+	ociSeccomp      = oci.Seccomp
+	ociSyscallRule  = oci.SyscallRule
+	ociSeccompArg   = oci.SeccompArg
 )
 
 // Docker's default masked and read-only paths (moby's
@@ -221,7 +134,7 @@ func (s *spec) runcSpec(rootfs, cgroupsPath string, uid int, sc *ociSeccomp) *oc
 			Namespaces: func() []ociNamespace {
 				ns := make([]ociNamespace, len(runcNamespaces))
 				for i, t := range runcNamespaces {
-					ns[i] = ociNamespace{t}
+					ns[i] = ociNamespace{Type: t}
 				}
 				return ns
 			}(),

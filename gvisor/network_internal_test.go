@@ -27,10 +27,10 @@ func TestWithEgress(t *testing.T) {
 	if err := withEgress(spec, bundle, p); err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Contains(before, ociNamespace{"network"}) {
+	if !slices.Contains(before, ociNamespace{Type: "network"}) {
 		t.Fatalf("a run's spec declares no network namespace: %v", before)
 	}
-	if slices.Contains(spec.Linux.Namespaces, ociNamespace{"network"}) || len(spec.Linux.Namespaces) != len(before)-1 {
+	if slices.Contains(spec.Linux.Namespaces, ociNamespace{Type: "network"}) || len(spec.Linux.Namespaces) != len(before)-1 {
 		t.Errorf("namespaces %v: want %v without network", spec.Linux.Namespaces, before)
 	}
 	m := spec.Mounts[len(spec.Mounts)-1]

@@ -6,82 +6,24 @@ import (
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/image"
+	"github.com/moatsandbox/moat/internal/oci"
 )
 
-// The parts of the OCI runtime specification (config.json, version 1.0)
-// that a run's bundle uses. runsc reads nothing else from it.
+// The OCI spec types of package oci, under the names this package uses;
+// runsc reads nothing else from a bundle's config.json.
 type (
-	ociSpec struct {
-		Version  string     `json:"ociVersion"`
-		Process  ociProcess `json:"process"`
-		Root     ociRoot    `json:"root"`
-		Hostname string     `json:"hostname"`
-		Mounts   []ociMount `json:"mounts"`
-		Linux    ociLinux   `json:"linux"`
-	}
-	ociProcess struct {
-		Terminal        bool            `json:"terminal"`
-		User            ociUser         `json:"user"`
-		Args            []string        `json:"args"`
-		Env             []string        `json:"env"`
-		Cwd             string          `json:"cwd"`
-		Capabilities    ociCapabilities `json:"capabilities"`
-		Rlimits         []ociRlimit     `json:"rlimits"`
-		NoNewPrivileges bool            `json:"noNewPrivileges"`
-		OOMScoreAdj     int             `json:"oomScoreAdj"`
-	}
-	ociUser struct {
-		UID            uint32   `json:"uid"`
-		GID            uint32   `json:"gid"`
-		AdditionalGids []uint32 `json:"additionalGids"`
-	}
-	// ociCapabilities lists each set explicitly empty: no capability in
-	// any set, the bounding set included.
-	ociCapabilities struct {
-		Bounding    []string `json:"bounding"`
-		Effective   []string `json:"effective"`
-		Inheritable []string `json:"inheritable"`
-		Permitted   []string `json:"permitted"`
-		Ambient     []string `json:"ambient"`
-	}
-	ociRlimit struct {
-		Type string `json:"type"`
-		Hard uint64 `json:"hard"`
-		Soft uint64 `json:"soft"`
-	}
-	ociRoot struct {
-		Path     string `json:"path"`
-		Readonly bool   `json:"readonly"`
-	}
-	ociMount struct {
-		Destination string   `json:"destination"`
-		Type        string   `json:"type"`
-		Source      string   `json:"source"`
-		Options     []string `json:"options,omitempty"`
-	}
-	ociLinux struct {
-		Namespaces []ociNamespace `json:"namespaces"`
-		Seccomp    *ociSeccomp    `json:"seccomp,omitempty"`
-	}
-	ociSeccomp struct {
-		DefaultAction string           `json:"defaultAction"`
-		Architectures []string         `json:"architectures"`
-		Syscalls      []ociSyscallRule `json:"syscalls"`
-	}
-	ociSyscallRule struct {
-		Names  []string        `json:"names"`
-		Action string          `json:"action"`
-		Args   []ociSeccompArg `json:"args,omitempty"`
-	}
-	ociSeccompArg struct {
-		Index    uint   `json:"index"`
-		Value    uint64 `json:"value"`
-		ValueTwo uint64 `json:"valueTwo"`
-		Op       string `json:"op"`
-	}
-	ociNamespace struct {
-		Type string `json:"type"`
-	}
+	ociSpec         = oci.Spec
+	ociProcess      = oci.Process
+	ociUser         = oci.User
+	ociCapabilities = oci.Capabilities
+	ociRlimit       = oci.Rlimit
+	ociRoot         = oci.Root
+	ociMount        = oci.Mount
+	ociLinux        = oci.Linux
+	ociSeccomp      = oci.Seccomp
+	ociSyscallRule  = oci.SyscallRule
+	ociSeccompArg   = oci.SeccompArg
+	ociNamespace    = oci.Namespace
 )
 
 // The sandbox user: nobody, as in the container level. It is alone in its
@@ -197,7 +139,7 @@ func specWith(rootfs, python string, l moat.Limits, places []tmpfsMount) *ociSpe
 		Hostname: "sandbox",
 		Mounts:   mounts,
 		Linux: ociLinux{
-			Namespaces: []ociNamespace{{"pid"}, {"network"}, {"ipc"}, {"uts"}, {"mount"}},
+			Namespaces: []ociNamespace{{Type: "pid"}, {Type: "network"}, {Type: "ipc"}, {Type: "uts"}, {Type: "mount"}},
 			Seccomp:    guestSeccomp(),
 		},
 	}
