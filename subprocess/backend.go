@@ -240,7 +240,7 @@ func prepare(cfg Config) (*backend, error) {
 	if b.pyDirs, b.pyFiles, err = pythonTree(b.python, runDir); err != nil {
 		return nil, unavailable("the interpreter's own files cannot be opened to the code alone", "install python3 under a prefix of its own (PREFIX/bin/python3, such as /opt/python3.11/bin/python3)", err)
 	}
-	// The mount point of the runs' own roots (root.go): mounted over in
+	// The mount point of the runs' own roots (internal/helper/root.go): mounted over in
 	// the helpers' private mount namespaces only.
 	b.rootDir = filepath.Join(runDir, "root")
 	if err := os.MkdirAll(b.rootDir, 0o700); err != nil {

@@ -6,6 +6,8 @@ import (
 	"os"
 	"os/exec"
 	"syscall"
+
+	"github.com/moatsandbox/moat/subprocess/internal/helper"
 )
 
 // The helper process, seen from moat.
@@ -17,14 +19,14 @@ import (
 // unconfined and doing nothing, for the spec of one run on a pipe, and is
 // used once. Nothing of a run exists before the run: the helper joins the
 // run's cgroups, takes its limits, its uid and its restrictions only once it
-// has the spec (helper.go).
+// has the spec (internal/helper/helper.go).
 
 // specFD is the pipe on which a helper receives its spec, and codeFD the
 // one it passes on to a pre-started python3 (its fd 3), on which moat
 // sends the code's file name.
 const (
-	specFD = 4
-	codeFD = 5
+	specFD = helper.SpecFD
+	codeFD = helper.CodeFD
 )
 
 // helperProc is a started helper waiting for its spec.

@@ -236,10 +236,10 @@ func (b *backend) runSpec(dir string, uid, gid int, group *cgroup.Group, args []
 	sp.Rlimits = []rlimit{
 		// SIGXCPU at the limit, SIGKILL a second later for code that
 		// ignores it.
-		{unix.RLIMIT_CPU, cpu, cpu + 1},
-		{unix.RLIMIT_FSIZE, uint64(lim.FileSize), uint64(lim.FileSize)},
-		{unix.RLIMIT_NOFILE, uint64(lim.OpenFiles), uint64(lim.OpenFiles)},
-		{unix.RLIMIT_CORE, 0, 0},
+		{Resource: unix.RLIMIT_CPU, Cur: cpu, Max: cpu + 1},
+		{Resource: unix.RLIMIT_FSIZE, Cur: uint64(lim.FileSize), Max: uint64(lim.FileSize)},
+		{Resource: unix.RLIMIT_NOFILE, Cur: uint64(lim.OpenFiles), Max: uint64(lim.OpenFiles)},
+		{Resource: unix.RLIMIT_CORE, Cur: 0, Max: 0},
 	}
 	if !b.strict {
 		// The tutorial's memory limit: address space, per process.
@@ -248,7 +248,7 @@ func (b *backend) runSpec(dir string, uid, gid int, group *cgroup.Group, args []
 	}
 	sp.Cgroups = group.JoinFiles()
 	// The uid is the run's own, so RLIMIT_NPROC counts this run only.
-	sp.Rlimits = append(sp.Rlimits, rlimit{unix.RLIMIT_NPROC, uint64(lim.Pids), uint64(lim.Pids)})
+	sp.Rlimits = append(sp.Rlimits, rlimit{Resource: unix.RLIMIT_NPROC, Cur: uint64(lim.Pids), Max: uint64(lim.Pids)})
 	sp.NoNewPrivs = true
 	sp.Seccomp = true
 	ro := append(append([]string{}, readOnlyDirs...), b.pyDirs...)
@@ -391,7 +391,7 @@ func (p *process) Kill() {
 //
 // The run has ended when the helper reports python3's end: as the init of
 // the run's PID namespace it has killed and reaped every other process of
-// the run by then, and closed its own ends of the output (helper.go). So
+// the run by then, and closed its own ends of the output (internal/helper/helper.go). So
 // Wait needs only the report, the end of the output and a look at the
 // run's cgroup, which must hold nothing but the helper; the helper's own
 // exit (the namespaces' teardown, a millisecond or two) is waited for by
@@ -436,7 +436,7 @@ func (p *process) Wait() (engine.Evidence, error) {
 }
 
 // readReport reads the helper's report (past "started"): an error line, or
-// the report of python3's end (reaper.go), or what it wrote before it ended
+// the report of python3's end (internal/helper/reaper.go), or what it wrote before it ended
 // without one (at most 4 KiB).
 func readReport(f *os.File) []byte {
 	var buf []byte

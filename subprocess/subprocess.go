@@ -5,7 +5,7 @@
 //
 //   - a PID namespace whose init is moat's helper, so that the whole process
 //     tree dies with the run, double-forks and setsid included;
-//   - a root of its own (root.go): a private mount namespace holding only
+//   - a root of its own (internal/helper/root.go): a private mount namespace holding only
 //     read-only binds of the system directories, a few device nodes, the
 //     working directory and a procfs of the run's own PID namespace
 //     (hidepid), so that no other path of the host (socket files, /run,
@@ -57,7 +57,7 @@
 // memory, file size, open files, core dumps), to reproduce the usual
 // tutorial's baseline for comparison. It is never chosen implicitly.
 //
-// The restrictions are applied between fork and exec by a helper stage (helper.go): moat
+// The restrictions are applied between fork and exec by a helper stage (internal/helper/helper.go): moat
 // re-executes its own binary, which this package intercepts in its init
 // function. Any binary that imports this package can therefore serve as the
 // helper, test binaries included.

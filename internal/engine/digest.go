@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -23,8 +24,11 @@ const digestChunked = "sha256-chunks-1MiB"
 
 const digestChunk = 1 << 20
 
-// zeroChunk is the digest of a whole chunk of zeros.
-var zeroChunk = func() [sha256.Size]byte { return sha256.Sum256(make([]byte, digestChunk)) }()
+// zeroChunk is the digest of a whole chunk of zeros, computed when first
+// needed: as a package variable it would cost every process that links the
+// engine (each subprocess helper, a re-exec of moat) a 1 MiB allocation and
+// its hash at start.
+var zeroChunk = sync.OnceValue(func() [sha256.Size]byte { return sha256.Sum256(make([]byte, digestChunk)) })
 
 // digest returns p's size and its digest (digestChunked) and the bytes it
 // takes on disk.
@@ -63,7 +67,8 @@ func digest(p string) (size int64, sum string, disk int64, err error) {
 		}
 		if data >= off+n {
 			if n == digestChunk {
-				top.Write(zeroChunk[:])
+				z := zeroChunk()
+				top.Write(z[:])
 			} else {
 				s := sha256.Sum256(make([]byte, n))
 				top.Write(s[:])

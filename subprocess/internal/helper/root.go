@@ -1,4 +1,4 @@
-package subprocess
+package helper
 
 import (
 	"errors"
@@ -25,9 +25,9 @@ import (
 // holds only a loopback that is down, abstract unix names and the host's
 // interfaces are out of reach too.
 
-// rootSpec describes the run's root. Paths are the host's; each appears at
+// RootSpec describes the run's root. Paths are the host's; each appears at
 // the same path in the new root.
-type rootSpec struct {
+type RootSpec struct {
 	// Mount is an empty directory of the host on which the new root's
 	// tmpfs is mounted, in the helper's private mount namespace only.
 	Mount string `json:"mount"`
@@ -53,7 +53,7 @@ var devLinks = [][2]string{
 // root is built from r. The thread must be locked (the helper's is): mount
 // namespaces and the root directory are per thread here, and python3 is
 // forked from this thread.
-func enterRoot(r *rootSpec) error {
+func enterRoot(r *RootSpec) error {
 	if r.Mount == "" || r.Work == "" {
 		return errors.New("incomplete root spec")
 	}

@@ -1,4 +1,4 @@
-package subprocess
+package helper
 
 import (
 	"encoding/binary"
@@ -37,34 +37,34 @@ import (
 // fails (a kernel refusing to exec a memfd), the Go helper does the job
 // itself, as before: only the memory differs.
 
-// reaperArg0 is the reaper's argv[0]; argv[1] is python3's pid.
-const reaperArg0 = "moat-reaper"
+// ReaperArg0 is the reaper's argv[0]; argv[1] is python3's pid.
+const ReaperArg0 = "moat-reaper"
 
 // The report, on the status pipe, once python3 has ended:
 //
 //	[0, 8)        reportMagic
 //	[8, 12)       the wait status (int32, native byte order)
 //	[12, 16)      zero
-//	[16, reportLen) struct rusage, as wait4(2) filled it
+//	[16, ReportLen) struct rusage, as wait4(2) filled it
 //
 // It is binary because the reaper, which writes it, does not format
 // numbers; the Go helper writes the same.
 const reportMagic = "moatend\n"
 
-var reportLen = 16 + int(unsafe.Sizeof(syscall.Rusage{}))
+var ReportLen = 16 + int(unsafe.Sizeof(syscall.Rusage{}))
 
-// encodeReport is the report of python3's end with status ws and usage ru.
-func encodeReport(ws syscall.WaitStatus, ru *syscall.Rusage) []byte {
-	b := make([]byte, reportLen)
+// EncodeReport is the report of python3's end with status ws and usage ru.
+func EncodeReport(ws syscall.WaitStatus, ru *syscall.Rusage) []byte {
+	b := make([]byte, ReportLen)
 	copy(b, reportMagic)
 	binary.NativeEndian.PutUint32(b[8:], uint32(ws))
 	copy(b[16:], unsafe.Slice((*byte)(unsafe.Pointer(ru)), unsafe.Sizeof(*ru)))
 	return b
 }
 
-// decodeReport reads a report; ok is false if b is not one.
-func decodeReport(b []byte) (ws syscall.WaitStatus, ru syscall.Rusage, ok bool) {
-	if len(b) != reportLen || string(b[:len(reportMagic)]) != reportMagic {
+// DecodeReport reads a report; ok is false if b is not one.
+func DecodeReport(b []byte) (ws syscall.WaitStatus, ru syscall.Rusage, ok bool) {
+	if len(b) != ReportLen || string(b[:len(reportMagic)]) != reportMagic {
 		return 0, ru, false
 	}
 	ws = syscall.WaitStatus(binary.NativeEndian.Uint32(b[8:]))
@@ -78,20 +78,20 @@ func decodeReport(b []byte) (ws syscall.WaitStatus, ru syscall.Rusage, ok bool) 
 // restricts itself and enters the run's root: it reopens the memfd through
 // the host's /proc.
 func loadReaper() int {
-	if len(reaperELF) == 0 {
+	if len(ReaperELF) == 0 {
 		return -1
 	}
 	// MFD_EXEC: executable even where vm.memfd_noexec seals memfds
 	// against it by default; kernels before 6.3 do not know the flag.
-	fd, err := unix.MemfdCreate(reaperArg0, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING|unix.MFD_EXEC)
+	fd, err := unix.MemfdCreate(ReaperArg0, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING|unix.MFD_EXEC)
 	if err == unix.EINVAL {
-		fd, err = unix.MemfdCreate(reaperArg0, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+		fd, err = unix.MemfdCreate(ReaperArg0, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	}
 	if err != nil {
 		return -1
 	}
 	defer unix.Close(fd)
-	if n, err := unix.Write(fd, reaperELF); err != nil || n != len(reaperELF) {
+	if n, err := unix.Write(fd, ReaperELF); err != nil || n != len(ReaperELF) {
 		return -1
 	}
 	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SEAL|unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_WRITE); err != nil {
@@ -172,10 +172,10 @@ func execReaper(fd, pid int) error {
 	}
 	// The status pipe is the reaper's fd 3; every other descriptor above
 	// 2 is close-on-exec (closeOnExecFrom).
-	if _, err := unix.FcntlInt(statusFD, unix.F_SETFD, 0); err != nil {
+	if _, err := unix.FcntlInt(StatusFD, unix.F_SETFD, 0); err != nil {
 		return err
 	}
-	err := syscall.Exec(fmt.Sprintf("/proc/self/fd/%d", fd), []string{reaperArg0, strconv.Itoa(pid)}, []string{})
-	unix.FcntlInt(statusFD, unix.F_SETFD, unix.FD_CLOEXEC)
+	err := syscall.Exec(fmt.Sprintf("/proc/self/fd/%d", fd), []string{ReaperArg0, strconv.Itoa(pid)}, []string{})
+	unix.FcntlInt(StatusFD, unix.F_SETFD, unix.FD_CLOEXEC)
 	return err
 }
