@@ -584,11 +584,13 @@ func (p *runcProcess) Wait() (engine.Evidence, error) {
 		return engine.Evidence{}, err
 	}
 	ev := engine.Evidence{
-		Exited:   !killed,
-		Status:   status,
-		Memory:   oom > 0,
-		Pids:     refused > 0 || p.w.pidsHit.Load(),
-		CPUTime:  p.w.cpuHit.Load(),
+		Exited: !killed,
+		Status: status,
+		Memory: oom > 0,
+		Pids:   refused > 0 || p.w.pidsHit.Load(),
+		// xcpuSeen kept a death by SIGXCPU only where the host saw the
+		// CPU time behind it.
+		CPUTime:  p.w.cpuHit.Load() || (status.Signaled() && status.Signal() == syscall.SIGXCPU),
 		FileSize: p.w.fileAtLimit(int64(in.b.spec.limits.FileSize), time.Time{}),
 		Disk:     p.w.diskFull(),
 	}

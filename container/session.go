@@ -904,8 +904,11 @@ func (r *sessionRun) evidence(ev *engine.Evidence) {
 	s := r.s
 	ev.CPUTime = r.cpuHit.Load()
 	ev.Spent = r.spent.Load()
-	if used, err := s.cg.cpuUsage(); err == nil && used >= s.b.sessionCPU {
-		ev.Spent = true
+	if used, err := s.cg.cpuUsage(); err == nil {
+		ev.Spent = ev.Spent || used >= s.b.sessionCPU
+		// A death by SIGXCPU counts only with the CPU time behind it,
+		// as the session's cgroup counted it since the run began.
+		ev.CPUTime = ev.CPUTime || engine.XCPUAtLimit(ev.Status, used-r.cpuBase, s.b.spec.cpuSoft(), engine.XCPUSlack)
 	}
 	if n, err := s.cg.oomKills(); err == nil && n > r.oomBase {
 		ev.Memory = true

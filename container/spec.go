@@ -252,12 +252,15 @@ func (s *spec) hostConfig(uid int) *container.HostConfig {
 	}
 }
 
+// cpuSoft is the soft RLIMIT_CPU of every process of a run: the CPU time
+// limit in whole seconds, at least one.
+func (s *spec) cpuSoft() time.Duration {
+	return max(time.Duration(s.limits.CPUTime).Truncate(time.Second), time.Second)
+}
+
 func (s *spec) ulimits() []*units.Ulimit {
 	l := s.limits
-	cpu := int64(time.Duration(l.CPUTime).Seconds())
-	if cpu < 1 {
-		cpu = 1
-	}
+	cpu := int64(s.cpuSoft() / time.Second)
 	return []*units.Ulimit{
 		{Name: "nofile", Soft: int64(l.OpenFiles), Hard: int64(l.OpenFiles)},
 		{Name: "fsize", Soft: int64(l.FileSize), Hard: int64(l.FileSize)},

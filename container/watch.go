@@ -49,6 +49,9 @@ type watch struct {
 
 	pidsHit atomic.Bool
 	cpuHit  atomic.Bool
+	// cpuLast is the last CPU usage read, in ns: at every poll and once
+	// more when the init exits, while its cgroup is still there.
+	cpuLast atomic.Int64
 
 	stopR, stopW *os.File
 	done         chan struct{}
@@ -126,14 +129,16 @@ func (w *watch) loop() {
 		// Read on every tick, and once more the moment the init exits: the
 		// cgroup lives on until Docker's clean-up removes it, milliseconds
 		// later, so the last count is read before it goes.
+		used, err := w.cpuUsage()
+		if err == nil {
+			w.cpuLast.Store(int64(used))
+		}
 		if !w.readPids() || fds[0].Revents != 0 {
 			return
 		}
-		if w.cpuLimit > 0 && !w.cpuHit.Load() {
-			if used, err := w.cpuUsage(); err == nil && used >= w.cpuLimit {
-				w.cpuHit.Store(true)
-				w.onCPU()
-			}
+		if w.cpuLimit > 0 && !w.cpuHit.Load() && err == nil && used >= w.cpuLimit {
+			w.cpuHit.Store(true)
+			w.onCPU()
 		}
 	}
 }
@@ -159,6 +164,10 @@ func (w *watch) readPids() bool {
 func (w *watch) cpuUsage() (time.Duration, error) {
 	return cgroupFiles{cpu: w.cpuFile, v2: w.cpuV2}.cpuUsage()
 }
+
+// lastCPU is the run's CPU usage as last read, up to pollEvery before its
+// init ended.
+func (w *watch) lastCPU() time.Duration { return time.Duration(w.cpuLast.Load()) }
 
 // stop ends the polling; the mounts stay open for the verdicts.
 func (w *watch) stop() {

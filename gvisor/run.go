@@ -326,6 +326,7 @@ func (bt *booted) Start(ctx context.Context, code []byte, stdout, stderr io.Writ
 		bt.stdin.Close()
 	}()
 	base, _ := bt.group.CPUUsage()
+	p.cpuBase, p.cpuSoft = base, cpuSoft(lim)
 	p.stopCPU = bt.group.WatchCPU(base, time.Duration(lim.CPUTime), p.killAsync, &p.cpuOver)
 	return p, nil
 }
@@ -338,6 +339,9 @@ type process struct {
 	tail    tail           // the end of stderr, for errors
 	stopCPU func()
 	cpuOver atomic.Bool // the CPU watch killed the sandbox
+	// cpuBase is the cgroup's CPU usage when the run began, cpuSoft its
+	// processes' RLIMIT_CPU.
+	cpuBase, cpuSoft time.Duration
 
 	mu     sync.Mutex
 	killed bool           // Kill was called: the engine ended the run
@@ -397,9 +401,12 @@ func (p *process) Wait() (engine.Evidence, error) {
 	p.mu.Lock()
 	killed := p.killed
 	p.mu.Unlock()
+	used, _ := bt.group.CPUUsage()
 	ev := evidence{
 		killed:    killed,
 		cpuOver:   p.cpuOver.Load(),
+		cpuUsed:   used - p.cpuBase,
+		cpuSoft:   p.cpuSoft,
 		cgroup:    bt.group.Events(),
 		runscExit: bt.cmd.ProcessState.ExitCode(),
 		waitErr:   bt.waitErr,

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/internal/cgroup"
@@ -62,7 +63,8 @@ func TestVerdict(t *testing.T) {
 		{"exit 3", exited(exit3), engineFacts{}, engine.Verdict{ExitCode: 3}, ""},
 		{"exit 137, not a signal", exited(exit137), engineFacts{}, engine.Verdict{ExitCode: 137}, ""},
 		{"SIGSEGV", exited(sigsegv), engineFacts{}, engine.Verdict{ExitCode: 139, Signal: syscall.SIGSEGV, Reason: moat.ReasonSignal}, ""},
-		{"SIGXCPU", exited(sigxcpu), engineFacts{}, engine.Verdict{ExitCode: 128 + int(syscall.SIGXCPU), Signal: syscall.SIGXCPU, Reason: moat.ReasonTimeout}, ""},
+		{"SIGXCPU at the CPU rlimit", with(exited(sigxcpu), func(e *evidence) { e.cpuUsed, e.cpuSoft = 2*time.Second, time.Second }), engineFacts{}, engine.Verdict{ExitCode: 128 + int(syscall.SIGXCPU), Signal: syscall.SIGXCPU, Reason: moat.ReasonTimeout}, ""},
+		{"SIGXCPU the code sent itself", with(exited(sigxcpu), func(e *evidence) { e.cpuUsed, e.cpuSoft = 50*time.Millisecond, time.Second }), engineFacts{}, engine.Verdict{ExitCode: 128 + int(syscall.SIGXCPU), Signal: syscall.SIGXCPU, Reason: moat.ReasonSignal}, ""},
 		{"wall time", with(evidence{runscExit: -1}, func(e *evidence) { e.killed = true }), wall, engine.Verdict{ExitCode: 137, Signal: syscall.SIGKILL, Reason: moat.ReasonTimeout}, ""},
 		{"wall time, the sentry's exit reported meanwhile", with(exited(exit0), func(e *evidence) { e.killed = true }), wall, engine.Verdict{ExitCode: 137, Signal: syscall.SIGKILL, Reason: moat.ReasonTimeout}, ""},
 		{"canceled", with(evidence{runscExit: -1}, func(e *evidence) { e.killed = true }), engineFacts{canceled: true}, engine.Verdict{ExitCode: 137, Signal: syscall.SIGKILL, Reason: moat.ReasonCanceled}, ""},

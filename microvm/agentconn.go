@@ -235,9 +235,13 @@ func parseExit(p []byte) (*wire.Exit, error) {
 	return &e, nil
 }
 
-// evidence is what an agent's (checked) exit report shows, for the engine
-// to judge.
-func evidence(e *wire.Exit) engine.Evidence {
+// evidence is what an agent's (checked) exit report of a run under the
+// CPU time limit cpu shows, for the engine to judge. A death by SIGXCPU
+// counts as the CPU limit only when the run's CPU time, as the guest's
+// cgroup counted it, reached the limit: the agent sets RLIMIT_CPU to
+// python3's start plus the limit, rounded up, so the kernel's SIGXCPU
+// comes no earlier, and the code can send itself the signal.
+func evidence(e *wire.Exit, cpu time.Duration) engine.Evidence {
 	ev := engine.Evidence{
 		Exited: true, CPUTime: e.CPU, Memory: e.OOM, Pids: e.Pids, FileSize: e.FileSize, Disk: e.Disk,
 		Status: engine.Exit(e.ExitCode),
@@ -245,6 +249,7 @@ func evidence(e *wire.Exit) engine.Evidence {
 	if e.Signal != 0 {
 		ev.Status = engine.Signaled(syscall.Signal(e.Signal))
 	}
+	ev.CPUTime = ev.CPUTime || engine.XCPUAtLimit(ev.Status, time.Duration(e.CPUMS)*time.Millisecond, cpu, engine.XCPUSlack)
 	return ev
 }
 

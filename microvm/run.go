@@ -322,7 +322,7 @@ func (p *runProcess) Wait() (engine.Evidence, error) {
 		err = fmt.Errorf("microvm: the agent's exit report speaks of an interpreter, which a one-shot run has not")
 	}
 	if err == nil {
-		ev = evidence(e)
+		ev = evidence(e, time.Duration(p.in.b.limits.CPUTime))
 	}
 	ev.Notes = append(ev.Notes, p.in.how)
 	ev.Notes = append(ev.Notes, p.in.net.notes()...)

@@ -428,7 +428,7 @@ func (p *sessionProcess) Wait() (engine.Evidence, error) {
 		err = fmt.Errorf("microvm: session: the agent's exit report speaks of an interpreter, which the session has not")
 	}
 	if err == nil {
-		ev = evidence(e)
+		ev = evidence(e, time.Duration(ss.b.limits.CPUTime))
 		if e.Fresh {
 			ev.Notes = append(ev.Notes, "interpreter restarted: the previous one ended with its run; variables from earlier runs are gone")
 		}

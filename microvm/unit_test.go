@@ -397,7 +397,8 @@ func TestGuestEvidence(t *testing.T) {
 		{`{"exit_code":3}`, 3, "", moat.ReasonNone},
 		{`{"signal":9,"oom":true}`, 137, "SIGKILL", moat.ReasonMemory},
 		{`{"signal":9,"cpu":true,"oom":true}`, 137, "SIGKILL", moat.ReasonTimeout},
-		{`{"signal":24}`, 152, "SIGXCPU", moat.ReasonTimeout},
+		{`{"signal":24,"cpu_ms":10000}`, 152, "SIGXCPU", moat.ReasonTimeout},
+		{`{"signal":24,"cpu_ms":30}`, 152, "SIGXCPU", moat.ReasonSignal}, // sent by the code to itself
 		{`{"exit_code":1,"pids":true,"disk":true}`, 1, "", moat.ReasonPids},
 		{`{"exit_code":1,"file_size":true,"disk":true}`, 1, "", moat.ReasonFileSize},
 		{`{"exit_code":1,"disk":true}`, 1, "", moat.ReasonDisk},

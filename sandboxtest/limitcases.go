@@ -426,3 +426,21 @@ func testSignal(t *testing.T, s *suite) {
 		t.Errorf("a process killing itself with SIGSEGV: got %s\nwant reason signal, exit %d, the signal named", describe(res), 128+int(syscall.SIGSEGV))
 	}
 }
+
+// testSignalXCPUForged: SIGXCPU is how RLIMIT_CPU ends a process, but the
+// code can send it to itself (or, where a shell reports the status, exit
+// with 152): the CPU time limit is a reason only with the CPU time behind
+// it, as the host measured it.
+func testSignalXCPUForged(t *testing.T, s *suite) {
+	b := s.sandbox(t, moat.Limits{})
+	res := b.run(t, "import os, signal; os.kill(os.getpid(), signal.SIGXCPU)")
+	// A level whose status passes through a shell may report the death as
+	// an exit 152; either way it is not the CPU time limit.
+	if res.Reason == moat.ReasonTimeout || res.ExitCode != 128+int(syscall.SIGXCPU) {
+		t.Errorf("a process sending itself SIGXCPU at once: got %s\nwant exit %d and any reason but timeout", describe(res), 128+int(syscall.SIGXCPU))
+	}
+	res = b.run(t, "import os; os._exit(152)")
+	if res.Reason == moat.ReasonTimeout {
+		t.Errorf("a process exiting with 152 (128+SIGXCPU) at once: got %s\nwant any reason but timeout", describe(res))
+	}
+}

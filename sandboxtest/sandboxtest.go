@@ -112,6 +112,7 @@ var cases = []testCase{
 	{"Limits/OutputForever", testOutputForever},
 	{"Limits/OpenFiles", testOpenFiles},
 	{"Signal", testSignal},
+	{"Signal/XCPUForged", testSignalXCPUForged},
 	{"Cancel/Before", testCancelBefore},
 	{"Cancel/AfterDelay", testCancelAfterDelay},
 	{"Cancel/WhileRunning", testCancelWhileRunning},

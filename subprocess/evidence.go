@@ -63,8 +63,13 @@ func (p *process) evidence(waitErr error, status []byte) (engine.Evidence, error
 		ev.Exited, ev.Status = true, engine.Exit(st.code)
 	case reported && st.signaled:
 		ev.Exited, ev.Status = true, engine.Signaled(st.signal)
-		// RLIMIT_CPU's hard limit, a second past its SIGXCPU.
-		ev.CPUTime = ev.CPUTime || (st.signal == syscall.SIGKILL && st.cpuMS >= time.Duration(lim.CPUTime).Milliseconds())
+		// RLIMIT_CPU's hard limit, a second past its SIGXCPU; or its soft
+		// limit's SIGXCPU, when python3's usage (the reaper's rusage, out
+		// of the code's reach) shows it, since the code can send itself
+		// the signal.
+		used := time.Duration(st.cpuMS) * time.Millisecond
+		ev.CPUTime = ev.CPUTime || (st.signal == syscall.SIGKILL && st.cpuMS >= time.Duration(lim.CPUTime).Milliseconds()) ||
+			engine.XCPUAtLimit(ev.Status, used, rlimitCPU(lim), engine.XCPUSlack)
 	case p.cpuOver.Load(), p.killed.Load(), events.OOMKill:
 		// The helper was killed before python3 ended: by the CPU watch,
 		// by the engine, or by the kernel's OOM killer (the helper is in

@@ -232,7 +232,7 @@ func (b *backend) runSpec(dir string, uid, gid int, group *cgroup.Group, args []
 		UID:    uid,
 		GID:    gid,
 	}
-	cpu := uint64(time.Duration(lim.CPUTime).Seconds())
+	cpu := uint64(rlimitCPU(lim) / time.Second)
 	sp.Rlimits = []rlimit{
 		// SIGXCPU at the limit, SIGKILL a second later for code that
 		// ignores it.
@@ -472,3 +472,9 @@ func (p *process) reapErr() error {
 
 // reap is reapErr for a caller that needs no error.
 func (p *process) reap() { p.reapErr() }
+
+// rlimitCPU is the soft RLIMIT_CPU of a run under lim: its CPU time in
+// whole seconds, at least one (the kernel takes a limit of 0 as 1).
+func rlimitCPU(lim moat.Limits) time.Duration {
+	return max(time.Duration(lim.CPUTime).Truncate(time.Second), time.Second)
+}

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -32,7 +33,11 @@ type Evidence struct {
 	Exited bool
 	Status syscall.WaitStatus
 	// CPUTime: the run's CPU time reached the limit (the backend's watch
-	// killed it, or its rlimit sent SIGXCPU).
+	// killed it, or its rlimit sent SIGXCPU). A death by SIGXCPU is not
+	// evidence by itself, since the code can send itself the signal (and,
+	// where a shell reports the status, exit with 152): a backend sets
+	// CPUTime for one only when the host measured the CPU time that the
+	// rlimit needs (XCPUAtLimit).
 	CPUTime bool
 	// Memory: the memory limit was hit (an OOM kill in the run's cgroup).
 	Memory bool
@@ -92,7 +97,7 @@ func Judge(ev Evidence) Verdict {
 	switch {
 	case ev.Canceled:
 		v.Reason = moat.ReasonCanceled
-	case ev.WallTime || ev.CPUTime || v.Signal == syscall.SIGXCPU:
+	case ev.WallTime || ev.CPUTime:
 		v.Reason = moat.ReasonTimeout
 	case ev.Memory:
 		v.Reason = moat.ReasonMemory
@@ -109,6 +114,25 @@ func Judge(ev Evidence) Verdict {
 	}
 	return v
 }
+
+// XCPUAtLimit reports whether status is a death by SIGXCPU that the CPU
+// time limit explains: one at least soft of CPU time (the RLIMIT_CPU soft
+// limit the backend set) after the run's start by the host's measure
+// (used, from the run's cgroup or a trusted reaper's rusage), less slack for
+// a measure taken up to that long before the death. The kernel sends
+// SIGXCPU at the soft limit to a process that used it; a death by the
+// signal with less CPU time behind it is the code's own doing.
+//
+// XCPUSlack is the slack for a measure at the death: the kernel's CPU
+// accounting of a process (its rusage) is sampled at ticks and can show a
+// few ms under the soft limit that its SIGXCPU passed.
+func XCPUAtLimit(status syscall.WaitStatus, used, soft, slack time.Duration) bool {
+	return status.Signaled() && status.Signal() == syscall.SIGXCPU && soft > 0 && used >= soft-slack
+}
+
+// XCPUSlack: see XCPUAtLimit. The code would have to spend the rest of the
+// limit less this to pass a SIGXCPU of its own for the limit's.
+const XCPUSlack = 50 * time.Millisecond
 
 // Exit and Signaled build the Status of a process that exited with code
 // or was killed by sig, for backends whose level reports them apart.

@@ -3,6 +3,7 @@ package engine
 import (
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/moatsandbox/moat"
 )
@@ -30,7 +31,8 @@ func TestJudge(t *testing.T) {
 		{"wall time", Evidence{WallTime: true}, 137, kill, moat.ReasonTimeout},
 		{"wall time beats output", Evidence{WallTime: true, Output: true}, 137, kill, moat.ReasonTimeout},
 		{"cpu by watch", Evidence{CPUTime: true}, 137, kill, moat.ReasonTimeout},
-		{"cpu by rlimit", Evidence{Exited: true, Status: Signaled(syscall.SIGXCPU)}, 152, syscall.SIGXCPU, moat.ReasonTimeout},
+		{"cpu by rlimit", Evidence{Exited: true, Status: Signaled(syscall.SIGXCPU), CPUTime: true}, 152, syscall.SIGXCPU, moat.ReasonTimeout},
+		{"sigxcpu the host did not see", Evidence{Exited: true, Status: Signaled(syscall.SIGXCPU)}, 152, syscall.SIGXCPU, moat.ReasonSignal},
 		{"timeout beats memory", Evidence{CPUTime: true, Memory: true}, 137, kill, moat.ReasonTimeout},
 		{"memory", Evidence{Memory: true}, 137, kill, moat.ReasonMemory},
 		{"memory exit code kept", Evidence{Memory: true, Exited: true, Status: Exit(1)}, 1, 0, moat.ReasonMemory},
@@ -66,5 +68,31 @@ func TestStatusBuilders(t *testing.T) {
 		if st := Signaled(sig); !st.Signaled() || st.Signal() != sig {
 			t.Fatalf("Signaled(%d) = %#x", sig, uint32(st))
 		}
+	}
+}
+
+func TestXCPUAtLimit(t *testing.T) {
+	xcpu, segv := Signaled(syscall.SIGXCPU), Signaled(syscall.SIGSEGV)
+	s, slack := time.Second, 100*time.Millisecond
+	for _, c := range []struct {
+		name   string
+		status syscall.WaitStatus
+		used   time.Duration
+		want   bool
+	}{
+		{"at the limit", xcpu, s, true},
+		{"past it", xcpu, 3 * s, true},
+		{"within the slack", xcpu, s - slack, true},
+		{"self-sent, no CPU", xcpu, 0, false},
+		{"self-sent, some CPU", xcpu, s / 2, false},
+		{"another signal", segv, 3 * s, false},
+		{"an exit 152", Exit(152), 3 * s, false},
+	} {
+		if got := XCPUAtLimit(c.status, c.used, s, slack); got != c.want {
+			t.Errorf("%s: XCPUAtLimit(%#x, %v) = %v, want %v", c.name, uint32(c.status), c.used, got, c.want)
+		}
+	}
+	if XCPUAtLimit(xcpu, 3*s, 0, slack) {
+		t.Error("XCPUAtLimit with no soft limit (none set) = true")
 	}
 }
