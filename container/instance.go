@@ -434,7 +434,7 @@ func (p *process) Wait() (engine.Evidence, error) {
 	if w := p.w; w != nil {
 		// A death by SIGXCPU (or an exit 152, which the container's shell
 		// reports alike) counts only with the CPU time behind it.
-		ev.CPUTime = w.cpuHit.Load() || engine.XCPUAtLimit(ev.Status, w.lastCPU(), b.spec.cpuSoft(), engine.XCPUSlack+2*pollEvery)
+		ev.CPUTime = w.cpuHit.Load() || engine.XCPUAtLimit(ev.Status, w.lastCPU(), time.Duration(b.spec.limits.CPUTime), engine.XCPUSlack+2*pollEvery)
 		ev.Pids = ev.Pids || w.pidsHit.Load()
 		ev.FileSize = w.fileAtLimit(int64(b.spec.limits.FileSize), time.Time{})
 		ev.Disk = w.diskFull()

@@ -908,7 +908,7 @@ func (r *sessionRun) evidence(ev *engine.Evidence) {
 		ev.Spent = ev.Spent || used >= s.b.sessionCPU
 		// A death by SIGXCPU counts only with the CPU time behind it,
 		// as the session's cgroup counted it since the run began.
-		ev.CPUTime = ev.CPUTime || engine.XCPUAtLimit(ev.Status, used-r.cpuBase, s.b.spec.cpuSoft(), engine.XCPUSlack)
+		ev.CPUTime = ev.CPUTime || engine.XCPUAtLimit(ev.Status, used-r.cpuBase, time.Duration(s.b.spec.limits.CPUTime), engine.XCPUSlack)
 	}
 	if n, err := s.cg.oomKills(); err == nil && n > r.oomBase {
 		ev.Memory = true

@@ -13,6 +13,7 @@ import (
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/image"
+	"github.com/moatsandbox/moat/internal/engine"
 )
 
 // Labels every container of moat carries. LabelOwner, LabelOwnerStart and
@@ -252,10 +253,10 @@ func (s *spec) hostConfig(uid int) *container.HostConfig {
 	}
 }
 
-// cpuSoft is the soft RLIMIT_CPU of every process of a run: the CPU time
-// limit in whole seconds, at least one.
+// cpuSoft is the soft RLIMIT_CPU of every process of a run: see
+// engine.RlimitCPU.
 func (s *spec) cpuSoft() time.Duration {
-	return max(time.Duration(s.limits.CPUTime).Truncate(time.Second), time.Second)
+	return engine.RlimitCPU(time.Duration(s.limits.CPUTime))
 }
 
 func (s *spec) ulimits() []*units.Ulimit {

@@ -326,7 +326,7 @@ func (bt *booted) Start(ctx context.Context, code []byte, stdout, stderr io.Writ
 		bt.stdin.Close()
 	}()
 	base, _ := bt.group.CPUUsage()
-	p.cpuBase, p.cpuSoft = base, cpuSoft(lim)
+	p.cpuBase, p.cpuLimit = base, time.Duration(lim.CPUTime)
 	p.stopCPU = bt.group.WatchCPU(base, time.Duration(lim.CPUTime), p.killAsync, &p.cpuOver)
 	return p, nil
 }
@@ -339,9 +339,9 @@ type process struct {
 	tail    tail           // the end of stderr, for errors
 	stopCPU func()
 	cpuOver atomic.Bool // the CPU watch killed the sandbox
-	// cpuBase is the cgroup's CPU usage when the run began, cpuSoft its
-	// processes' RLIMIT_CPU.
-	cpuBase, cpuSoft time.Duration
+	// cpuBase is the cgroup's CPU usage when the run began, cpuLimit its
+	// CPU time limit.
+	cpuBase, cpuLimit time.Duration
 
 	mu     sync.Mutex
 	killed bool           // Kill was called: the engine ended the run
@@ -406,7 +406,7 @@ func (p *process) Wait() (engine.Evidence, error) {
 		killed:    killed,
 		cpuOver:   p.cpuOver.Load(),
 		cpuUsed:   used - p.cpuBase,
-		cpuSoft:   p.cpuSoft,
+		cpuLimit:  p.cpuLimit,
 		cgroup:    bt.group.Events(),
 		runscExit: bt.cmd.ProcessState.ExitCode(),
 		waitErr:   bt.waitErr,

@@ -864,7 +864,7 @@ func (r *sessionRun) Wait() (engine.Evidence, error) {
 		killed:   killed,
 		cpuOver:  r.cpuOver.Load(),
 		cpuUsed:  used,
-		cpuSoft:  cpuSoft(ss.b.limits),
+		cpuLimit: time.Duration(ss.b.limits.CPUTime),
 		execExit: r.cmd.ProcessState.ExitCode(),
 		waitErr:  r.waitErr,
 		stderr:   r.tail.bytes(),
@@ -925,11 +925,11 @@ func (r *sessionRun) killOutput() {
 type runEvidence struct {
 	killed  bool // the engine killed the run
 	cpuOver bool // the CPU watch killed it (its limit or the session's budget)
-	// cpuUsed is the cgroup's CPU time since the run began, cpuSoft the
-	// run's RLIMIT_CPU: see evidence.
-	cpuUsed, cpuSoft time.Duration
-	closed           bool // the session was closed meanwhile
-	report           launchReport
+	// cpuUsed is the cgroup's CPU time since the run began, cpuLimit the
+	// run's CPU time limit: see evidence.
+	cpuUsed, cpuLimit time.Duration
+	closed            bool // the session was closed meanwhile
+	report            launchReport
 	// execExit is runsc exec's exit code as the host kernel reports it
 	// (-1 when it was killed), and exec its log.
 	execExit int
@@ -959,7 +959,7 @@ func (ev runEvidence) judge() (engine.Evidence, error) {
 	}
 	out := engine.Evidence{
 		Exited:   reported && !byUs,
-		CPUTime:  ev.cpuOver || (reported && engine.XCPUAtLimit(st, ev.cpuUsed, ev.cpuSoft, engine.XCPUSlack)),
+		CPUTime:  ev.cpuOver || (reported && engine.XCPUAtLimit(st, ev.cpuUsed, ev.cpuLimit, engine.XCPUSlack)),
 		Memory:   ev.oom,
 		Pids:     ev.pidsMax || ev.pids,
 		FileSize: ev.fileSize,

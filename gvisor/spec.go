@@ -6,6 +6,7 @@ import (
 
 	"github.com/moatsandbox/moat"
 	"github.com/moatsandbox/moat/image"
+	"github.com/moatsandbox/moat/internal/engine"
 	"github.com/moatsandbox/moat/internal/oci"
 )
 
@@ -93,15 +94,9 @@ func newSpec(rootfs, python string, l moat.Limits) *ociSpec {
 	return specWith(rootfs, python, l, writable(l.Disk))
 }
 
-// cpuSoft is the soft RLIMIT_CPU of a run's processes under l: the CPU
-// time limit in whole seconds, at least one.
-func cpuSoft(l moat.Limits) time.Duration {
-	return max(time.Duration(l.CPUTime).Truncate(time.Second), time.Second)
-}
-
 // specWith is newSpec with the given writable places.
 func specWith(rootfs, python string, l moat.Limits, places []tmpfsMount) *ociSpec {
-	cpu := uint64(cpuSoft(l) / time.Second)
+	cpu := uint64(engine.RlimitCPU(time.Duration(l.CPUTime)) / time.Second)
 	rl := func(typ string, soft, hard uint64) ociRlimit { return ociRlimit{Type: typ, Soft: soft, Hard: hard} }
 	mounts := []ociMount{
 		{Destination: "/proc", Type: "proc", Source: "proc"},

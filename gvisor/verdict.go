@@ -25,11 +25,12 @@ type evidence struct {
 	killed  bool // the engine killed the sandbox (Process.Kill): the wall time, a cancellation, the output cap
 	cpuOver bool // the cgroup's CPU account passed the limit, and moat killed the sandbox
 	// cpuUsed is the sandbox cgroup's CPU time since the run began (the
-	// sentry's and the gofer's included), and cpuSoft the processes'
-	// RLIMIT_CPU: a death by SIGXCPU counts as the CPU limit only with the
-	// first at the second, since the code can send itself the signal.
-	cpuUsed, cpuSoft time.Duration
-	cgroup           cgroup.Events
+	// sentry's and the gofer's included), and cpuLimit the run's CPU time
+	// limit: a death by SIGXCPU counts as the CPU limit only with the
+	// first at the second (engine.XCPUAtLimit), since the code can send
+	// itself the signal.
+	cpuUsed, cpuLimit time.Duration
+	cgroup            cgroup.Events
 	// runscExit is runsc's exit code as the host kernel reports it, -1
 	// when runsc did not exit by itself: runsc exits with the container's
 	// exit code, or 128 plus its signal. waitErr is how it ended, for
@@ -68,7 +69,7 @@ func (ev evidence) judge() (engine.Evidence, error) {
 	}
 	out := engine.Evidence{
 		Exited:   reported && !byUs,
-		CPUTime:  ev.cpuOver || (reported && engine.XCPUAtLimit(st, ev.cpuUsed, ev.cpuSoft, engine.XCPUSlack)),
+		CPUTime:  ev.cpuOver || (reported && engine.XCPUAtLimit(st, ev.cpuUsed, ev.cpuLimit, engine.XCPUSlack)),
 		Memory:   ev.cgroup.OOMKill,
 		Pids:     ev.cgroup.PidsMax || ev.sent.pids,
 		FileSize: ev.sent.fileSize,

@@ -443,4 +443,28 @@ func testSignalXCPUForged(t *testing.T, s *suite) {
 	if res.Reason == moat.ReasonTimeout {
 		t.Errorf("a process exiting with 152 (128+SIGXCPU) at once: got %s\nwant any reason but timeout", describe(res))
 	}
+	// CPU time spread over processes, none near a per-process limit, the
+	// run well under its own; then the signal. The host's measures add up
+	// the processes, so they must be held to the run's limit.
+	b = s.sandbox(t, moat.Limits{CPUTime: moat.Duration(1900 * time.Millisecond), WallTime: moat.Duration(30 * time.Second)})
+	res = b.run(t, `
+import os, signal, time
+def burn(s):
+    t = time.process_time()
+    while time.process_time() - t < s:
+        pass
+kids = []
+for _ in range(2):
+    pid = os.fork()
+    if pid == 0:
+        burn(0.5)
+        os._exit(0)
+    kids.append(pid)
+for k in kids:
+    os.waitpid(k, 0)
+os.kill(os.getpid(), signal.SIGXCPU)
+`)
+	if res.Reason == moat.ReasonTimeout {
+		t.Errorf("SIGXCPU sent to itself after 1 s of CPU in two children, under a 1.9 s CPU time: got %s\nwant any reason but timeout", describe(res))
+	}
 }

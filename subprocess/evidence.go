@@ -69,7 +69,7 @@ func (p *process) evidence(waitErr error, status []byte) (engine.Evidence, error
 		// the signal.
 		used := time.Duration(st.cpuMS) * time.Millisecond
 		ev.CPUTime = ev.CPUTime || (st.signal == syscall.SIGKILL && st.cpuMS >= time.Duration(lim.CPUTime).Milliseconds()) ||
-			engine.XCPUAtLimit(ev.Status, used, rlimitCPU(lim), engine.XCPUSlack)
+			engine.XCPUAtLimit(ev.Status, used, time.Duration(lim.CPUTime), engine.XCPUSlack)
 	case p.cpuOver.Load(), p.killed.Load(), events.OOMKill:
 		// The helper was killed before python3 ended: by the CPU watch,
 		// by the engine, or by the kernel's OOM killer (the helper is in

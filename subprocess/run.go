@@ -473,8 +473,8 @@ func (p *process) reapErr() error {
 // reap is reapErr for a caller that needs no error.
 func (p *process) reap() { p.reapErr() }
 
-// rlimitCPU is the soft RLIMIT_CPU of a run under lim: its CPU time in
-// whole seconds, at least one (the kernel takes a limit of 0 as 1).
+// rlimitCPU is the soft RLIMIT_CPU of a run under lim: see
+// engine.RlimitCPU.
 func rlimitCPU(lim moat.Limits) time.Duration {
-	return max(time.Duration(lim.CPUTime).Truncate(time.Second), time.Second)
+	return engine.RlimitCPU(time.Duration(lim.CPUTime))
 }

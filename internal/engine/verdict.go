@@ -116,18 +116,32 @@ func Judge(ev Evidence) Verdict {
 }
 
 // XCPUAtLimit reports whether status is a death by SIGXCPU that the CPU
-// time limit explains: one at least soft of CPU time (the RLIMIT_CPU soft
-// limit the backend set) after the run's start by the host's measure
-// (used, from the run's cgroup or a trusted reaper's rusage), less slack for
-// a measure taken up to that long before the death. The kernel sends
-// SIGXCPU at the soft limit to a process that used it; a death by the
-// signal with less CPU time behind it is the code's own doing.
+// time limit explains: the run used at least limit of CPU time (the run's
+// CPU time limit, not its rounded RLIMIT_CPU) by the host's measure (used,
+// from the run's cgroup or a trusted reaper's rusage), less slack for a
+// measure taken up to that long before the death. The host's measures add
+// up every process of the run, while the kernel sends SIGXCPU to one
+// process that used its soft RLIMIT_CPU; so the backends set that soft
+// limit to the CPU time limit rounded up to whole seconds (RlimitCPU): a
+// process the kernel stops used at least the limit, and code that spreads
+// CPU time over processes before it sends itself the signal passes only
+// where the run's whole limit is spent, less slack. A death by the signal
+// with less CPU time behind it is the code's own doing.
 //
 // XCPUSlack is the slack for a measure at the death: the kernel's CPU
 // accounting of a process (its rusage) is sampled at ticks and can show a
 // few ms under the soft limit that its SIGXCPU passed.
-func XCPUAtLimit(status syscall.WaitStatus, used, soft, slack time.Duration) bool {
-	return status.Signaled() && status.Signal() == syscall.SIGXCPU && soft > 0 && used >= soft-slack
+func XCPUAtLimit(status syscall.WaitStatus, used, limit, slack time.Duration) bool {
+	return status.Signaled() && status.Signal() == syscall.SIGXCPU && limit > 0 && used >= limit-slack
+}
+
+// RlimitCPU is the soft RLIMIT_CPU that a backend sets on the processes of
+// a run with CPU time limit cpu: cpu rounded up to whole seconds, at least
+// one (the kernel counts RLIMIT_CPU in seconds). The host's watch of the
+// run's whole CPU time ends a run at cpu itself; see XCPUAtLimit for why
+// the per-process limit is never below it.
+func RlimitCPU(cpu time.Duration) time.Duration {
+	return max((cpu + time.Second - 1).Truncate(time.Second), time.Second)
 }
 
 // XCPUSlack: see XCPUAtLimit. The code would have to spend the rest of the

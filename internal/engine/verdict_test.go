@@ -92,6 +92,11 @@ func TestXCPUAtLimit(t *testing.T) {
 			t.Errorf("%s: XCPUAtLimit(%#x, %v) = %v, want %v", c.name, uint32(c.status), c.used, got, c.want)
 		}
 	}
+	for cpu, want := range map[time.Duration]time.Duration{0: s, 500 * time.Millisecond: s, s: s, 1900 * time.Millisecond: 2 * s, 10 * s: 10 * s} {
+		if got := RlimitCPU(cpu); got != want {
+			t.Errorf("RlimitCPU(%v) = %v, want %v (never below the limit)", cpu, got, want)
+		}
+	}
 	if XCPUAtLimit(xcpu, 3*s, 0, slack) {
 		t.Error("XCPUAtLimit with no soft limit (none set) = true")
 	}
