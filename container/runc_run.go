@@ -600,24 +600,18 @@ func (p *runcProcess) Wait() (engine.Evidence, error) {
 // xcpuSeen returns status, save that a death by SIGXCPU (which the verdict
 // counts as the CPU time limit) stands only when the host saw it: the
 // shell reports Python's exit(152) as it does a death by SIGXCPU, 152, so
-// unless the watch hit the CPU limit or the cgroup's CPU usage reaches the
-// per-process CPU rlimit (the kernel's SIGXCPU needs that much in one
-// process), the status is the exit code 152 that the code may have chosen.
+// unless the watch hit the CPU limit or the cgroup's CPU usage shows the
+// run's CPU time limit spent (engine.XCPUAtLimit), the status is the exit
+// code 152 that the code may have chosen.
 func (in *runcInstance) xcpuSeen(status syscall.WaitStatus, cpuHit bool) (syscall.WaitStatus, error) {
 	if !status.Signaled() || status.Signal() != syscall.SIGXCPU || cpuHit {
 		return status, nil
-	}
-	var soft time.Duration
-	for _, u := range in.b.spec.ulimits() {
-		if u.Name == "cpu" {
-			soft = time.Duration(u.Soft) * time.Second
-		}
 	}
 	used, err := in.cg.cpuUsage()
 	if err != nil {
 		return 0, unavailable("the container's CPU usage cannot be read", "", err)
 	}
-	if soft > 0 && used >= soft {
+	if engine.XCPUAtLimit(status, used, time.Duration(in.b.spec.limits.CPUTime), engine.XCPUSlack) {
 		return status, nil
 	}
 	return engine.Exit(128 + int(syscall.SIGXCPU)), nil

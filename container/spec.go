@@ -253,15 +253,10 @@ func (s *spec) hostConfig(uid int) *container.HostConfig {
 	}
 }
 
-// cpuSoft is the soft RLIMIT_CPU of every process of a run: see
-// engine.RlimitCPU.
-func (s *spec) cpuSoft() time.Duration {
-	return engine.RlimitCPU(time.Duration(s.limits.CPUTime))
-}
-
 func (s *spec) ulimits() []*units.Ulimit {
 	l := s.limits
-	cpu := int64(s.cpuSoft() / time.Second)
+	// Never below the limit: see engine.RlimitCPU.
+	cpu := int64(engine.RlimitCPU(time.Duration(l.CPUTime)) / time.Second)
 	return []*units.Ulimit{
 		{Name: "nofile", Soft: int64(l.OpenFiles), Hard: int64(l.OpenFiles)},
 		{Name: "fsize", Soft: int64(l.FileSize), Hard: int64(l.FileSize)},

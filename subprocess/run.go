@@ -232,7 +232,7 @@ func (b *backend) runSpec(dir string, uid, gid int, group *cgroup.Group, args []
 		UID:    uid,
 		GID:    gid,
 	}
-	cpu := uint64(rlimitCPU(lim) / time.Second)
+	cpu := uint64(engine.RlimitCPU(time.Duration(lim.CPUTime)) / time.Second)
 	sp.Rlimits = []rlimit{
 		// SIGXCPU at the limit, SIGKILL a second later for code that
 		// ignores it.
@@ -472,9 +472,3 @@ func (p *process) reapErr() error {
 
 // reap is reapErr for a caller that needs no error.
 func (p *process) reap() { p.reapErr() }
-
-// rlimitCPU is the soft RLIMIT_CPU of a run under lim: see
-// engine.RlimitCPU.
-func rlimitCPU(lim moat.Limits) time.Duration {
-	return engine.RlimitCPU(time.Duration(lim.CPUTime))
-}

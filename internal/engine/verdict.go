@@ -36,8 +36,8 @@ type Evidence struct {
 	// killed it, or its rlimit sent SIGXCPU). A death by SIGXCPU is not
 	// evidence by itself, since the code can send itself the signal (and,
 	// where a shell reports the status, exit with 152): a backend sets
-	// CPUTime for one only when the host measured the CPU time that the
-	// rlimit needs (XCPUAtLimit).
+	// CPUTime for one only when the host measured the run's CPU time
+	// limit spent (XCPUAtLimit).
 	CPUTime bool
 	// Memory: the memory limit was hit (an OOM kill in the run's cgroup).
 	Memory bool

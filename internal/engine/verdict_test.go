@@ -98,6 +98,6 @@ func TestXCPUAtLimit(t *testing.T) {
 		}
 	}
 	if XCPUAtLimit(xcpu, 3*s, 0, slack) {
-		t.Error("XCPUAtLimit with no soft limit (none set) = true")
+		t.Error("XCPUAtLimit with no limit (none set) = true")
 	}
 }
