@@ -246,6 +246,16 @@ type Config struct {
 	// no usable engine, one-shot runs still work and NewSession fails with
 	// an error wrapping moat.ErrUnavailable.
 	Driver string `json:"driver,omitempty"`
+	// Recycle lets consecutive one-shot runs of one tenant
+	// (moat.Request.Tenant; moat serve's API token) reuse one container,
+	// reset after each run (runc_recycle.go): every process of the run
+	// killed, SysV IPC and message queues removed, /work, /tmp and
+	// /dev/shm emptied and their tops restored, the CPU budget and the
+	// counters fresh, a fresh python3 for every run. Runs of different
+	// tenants, or without one, never share a container. It needs the runc
+	// driver (New fails with moat.ErrInvalid otherwise). False (the
+	// default) makes a fresh container for every run.
+	Recycle bool `json:"recycle,omitempty"`
 	// Logger receives debug logs. Nil means discard.
 	Logger *slog.Logger `json:"-"`
 	// Egress is the egress proxy the code reaches, and nothing else (see
@@ -299,6 +309,9 @@ func (c Config) withDefaults() (Config, error) {
 	case "", DriverDocker, DriverRunc:
 	default:
 		return c, fmt.Errorf("container: driver %q is neither %q nor %q: %w", c.Driver, DriverDocker, DriverRunc, moat.ErrInvalid)
+	}
+	if c.Recycle && c.Driver != DriverRunc {
+		return c, fmt.Errorf("container: recycle needs the runc driver (driver %q): %w", DriverRunc, moat.ErrInvalid)
 	}
 	if c.CPUs < 0.01 {
 		return c, fmt.Errorf("container: cpus %v is below 0.01: %w", c.CPUs, moat.ErrInvalid)

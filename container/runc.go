@@ -455,6 +455,7 @@ func newRunc(cfg Config) (*Sandbox, error) {
 		Limits:  cfg.Limits,
 		Warm:    cfg.Warm,
 		WarmMax: cfg.WarmMax,
+		Recycle: cfg.Recycle,
 		Notes:   notes,
 		Hints:   nativeHints,
 		Logger:  cfg.Logger,

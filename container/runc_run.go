@@ -74,6 +74,28 @@ func (b *runcBackend) Prepare(ctx context.Context) (engine.Instance, error) {
 }
 
 func (b *runcBackend) prepare() (_ *runcInstance, err error) {
+	in, err := b.newContainer(b.spec.runcCmd())
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			in.Discard()
+		}
+	}()
+	if err := in.startRunc(); err != nil {
+		return nil, err
+	}
+	if err := in.check(); err != nil {
+		return nil, err
+	}
+	return in, nil
+}
+
+// newContainer leases a uid and writes the bundle of a container whose
+// init runs args, with every protection of runcSpec; nothing runs yet.
+// The caller Discards it on failure.
+func (b *runcBackend) newContainer(args []string) (_ *runcInstance, err error) {
 	// A container of a moat that died may still run as a uid leased from
 	// now on: reap first (cheap when there is nothing to reap).
 	b.reap()
@@ -93,7 +115,8 @@ func (b *runcBackend) prepare() (_ *runcInstance, err error) {
 	if err := os.Mkdir(in.bundle, 0o700); err != nil {
 		return nil, fmt.Errorf("container: bundle: %w", err)
 	}
-	spec := b.spec.runcSpec(b.rootfs, "/"+b.paths.cgroupParent+"/"+in.id, lease.UID, b.seccomp)
+	spec := b.spec.runcSpec(b.rootfs, in.cgroupsPath(), lease.UID, b.seccomp)
+	spec.Process.Args = args
 	js, err := json.Marshal(spec)
 	if err != nil {
 		return nil, fmt.Errorf("container: %w", err)
@@ -101,14 +124,11 @@ func (b *runcBackend) prepare() (_ *runcInstance, err error) {
 	if err := os.WriteFile(filepath.Join(in.bundle, "config.json"), js, 0o600); err != nil {
 		return nil, fmt.Errorf("container: bundle: %w", err)
 	}
-	if err := in.startRunc(); err != nil {
-		return nil, err
-	}
-	if err := in.check(); err != nil {
-		return nil, err
-	}
 	return in, nil
 }
+
+// cgroupsPath is the container's cgroups path in its spec.
+func (in *runcInstance) cgroupsPath() string { return "/" + in.b.paths.cgroupParent + "/" + in.id }
 
 // startRunc starts `runc run --keep` with the run's pipes passed through
 // to the container's init as fds 3, 4 and 5 (--preserve-fds), which its
@@ -117,23 +137,6 @@ func (b *runcBackend) prepare() (_ *runcInstance, err error) {
 // /dev/null), and runc's messages go to its log in the bundle, never to
 // the run's stderr.
 func (in *runcInstance) startRunc() error {
-	b := in.b
-	// runc runs as PID 1 of a PID namespace of its own (with a /proc of
-	// that namespace, in a mount namespace of its own), which the
-	// container's is nested in, under util-linux's unshare, which moat's
-	// death kills (its parent death signal) and which then kills runc
-	// (--kill-child): the kernel then kills every process of runc's
-	// namespace, the container's init and the code's included. So a moat
-	// killed -9 leaves nothing of a run running, unbounded by its wall
-	// time, as a uid whose lease died with moat; what runc leaves (its
-	// state, the bundle, the cgroups) the reaper of a later moat removes.
-	// The pids in runc's state are its namespace's, which only runc reads.
-	args := []string{"--pid", "--mount-proc", "--kill-child=SIGKILL", "--", b.runc,
-		"--root", b.root, "--log", filepath.Join(in.bundle, "runc.log"), "--log-format", "json",
-		"run", "--keep", "--preserve-fds", "4", "--bundle", in.bundle, in.id}
-	cmd := exec.Command(b.unshare, args...)
-	cmd.Env = runcEnv()
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	var child []*os.File
 	defer func() {
 		for _, f := range child {
@@ -165,7 +168,31 @@ func (in *runcInstance) startRunc() error {
 		return err
 	}
 	child = append(child, w)
-	cmd.ExtraFiles = child // fds 3, 4, 5, 6
+	return in.startWith(child) // fds 3, 4, 5, 6
+}
+
+// startWith starts `runc run --keep` in the foreground (see startRunc)
+// with files passed through to the container's init as fds 3 and up
+// (--preserve-fds); the caller closes its copies once it returns.
+func (in *runcInstance) startWith(files []*os.File) error {
+	b := in.b
+	// runc runs as PID 1 of a PID namespace of its own (with a /proc of
+	// that namespace, in a mount namespace of its own), which the
+	// container's is nested in, under util-linux's unshare, which moat's
+	// death kills (its parent death signal) and which then kills runc
+	// (--kill-child): the kernel then kills every process of runc's
+	// namespace, the container's init and the code's included. So a moat
+	// killed -9 leaves nothing of a run running, unbounded by its wall
+	// time, as a uid whose lease died with moat; what runc leaves (its
+	// state, the bundle, the cgroups) the reaper of a later moat removes.
+	// The pids in runc's state are its namespace's, which only runc reads.
+	args := []string{"--pid", "--mount-proc", "--kill-child=SIGKILL", "--", b.runc,
+		"--root", b.root, "--log", filepath.Join(in.bundle, "runc.log"), "--log-format", "json",
+		"run", "--keep", "--preserve-fds", strconv.Itoa(len(files)), "--bundle", in.bundle, in.id}
+	cmd := exec.Command(b.unshare, args...)
+	cmd.Env = runcEnv()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.ExtraFiles = files
 	if err := cmd.Start(); err != nil {
 		return unavailable("runc does not start", "check "+b.runc, err)
 	}
@@ -186,6 +213,32 @@ func (in *runcInstance) startRunc() error {
 // watch (the CPU time of the whole tree, the pids events, the tmpfs
 // mounts) is in place.
 func (in *runcInstance) check() error {
+	b := in.b
+	if err := in.checkInit(); err != nil {
+		return err
+	}
+	p := &runcProcess{in: in}
+	in.p = p
+	// The init is past its seccomp filter, so past pivot_root and its
+	// mounts: /proc/PID/root is the container's.
+	w, err := startWatch(in.id, in.pid, mountPathsOf(b.spec), time.Duration(b.spec.limits.CPUTime), p.Kill)
+	if err != nil {
+		return fmt.Errorf("container: watch: %w", err)
+	}
+	p.w = w
+	if in.cg, err = cgroupPaths(in.pid); err != nil {
+		return err
+	}
+	if in.cg.oom == "" {
+		return unavailable("the container has no memory cgroup", "", nil)
+	}
+	return nil
+}
+
+// checkInit waits for the cue on in.ready that the container's init runs
+// and checks it from the host: everything check says but the watch. It
+// sets in.pid.
+func (in *runcInstance) checkInit() error {
 	b := in.b
 	// The cue that runc's init has exec'd the shell (or, at EOF, that runc
 	// ended without).
@@ -223,26 +276,11 @@ func (in *runcInstance) check() error {
 	if err := b.spec.checkMounts(pid); err != nil {
 		return unavailable("a container of the runc driver would have more of the host, or less read-only, than moat allows", "check "+b.runc, err)
 	}
-	if err := b.spec.checkLimits(pid, "/"+b.paths.cgroupParent+"/"+in.id); err != nil {
+	if err := b.spec.checkLimits(pid, in.cgroupsPath()); err != nil {
 		return unavailable("a container of the runc driver would run without moat's limits", "check "+b.runc, err)
 	}
 	if err := checkNested(pid); err != nil {
 		return unavailable("a container of the runc driver would not die with moat", "check "+b.runc, err)
-	}
-	p := &runcProcess{in: in}
-	in.p = p
-	// The init is past its seccomp filter, so past pivot_root and its
-	// mounts: /proc/PID/root is the container's.
-	w, err := startWatch(in.id, pid, mountPathsOf(b.spec), time.Duration(b.spec.limits.CPUTime), p.Kill)
-	if err != nil {
-		return fmt.Errorf("container: watch: %w", err)
-	}
-	p.w = w
-	if in.cg, err = cgroupPaths(pid); err != nil {
-		return err
-	}
-	if in.cg.oom == "" {
-		return unavailable("the container has no memory cgroup", "", nil)
 	}
 	return nil
 }

@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -349,45 +348,7 @@ func (s *session) killAllBut(keep int) (err error) {
 	}()
 	s.opStart.Lock()
 	defer s.opStart.Unlock()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if err := s.cg.setFrozen(true); err != nil {
-			s.cg.setFrozen(false)
-			return err
-		}
-		pids, err := s.cg.pids()
-		n := 0
-		for _, pid := range pids {
-			if pid != s.initPid && pid != keep && !s.isSpared(pid) {
-				unix.Kill(pid, unix.SIGKILL)
-				n++
-			}
-		}
-		if terr := s.cg.setFrozen(false); terr != nil && err == nil {
-			err = terr
-		}
-		if err != nil {
-			return err
-		}
-		if n == 0 {
-			return nil
-		}
-		// The killed leave the cgroup once thawed and dead.
-		for wait := 50 * time.Microsecond; ; wait = min(2*wait, 5*time.Millisecond) {
-			pids, err := s.cg.pids()
-			if err != nil {
-				return err
-			}
-			left := slices.DeleteFunc(pids, func(pid int) bool { return pid == s.initPid || pid == keep || s.isSpared(pid) })
-			if len(left) == 0 || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(wait)
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("container: processes of the session's container survive their SIGKILL")
-		}
-	}
+	return s.cg.killAllBut(func(pid int) bool { return pid == s.initPid || pid == keep || s.isSpared(pid) })
 }
 
 // Start starts one run of the session: an exec of Python in its container,

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -412,6 +413,56 @@ func (c cgroupFiles) pids() ([]int, error) {
 		}
 	}
 	return pids, nil
+}
+
+// killAllBut kills every process of the cgroup for which spare is false
+// and returns once they have left it: with the cgroup frozen, so that
+// nothing forks or exits meanwhile (no pid can be reused while it is
+// listed), each such pid of cgroup.procs gets SIGKILL; then the cgroup is
+// thawed and the dead leave it. It repeats until only spared processes
+// are left, and fails if it cannot get there within 5 seconds. Callers
+// serialize their calls on one cgroup: a thaw of one would undo the
+// freeze of another.
+func (c cgroupFiles) killAllBut(spare func(pid int) bool) error {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if err := c.setFrozen(true); err != nil {
+			c.setFrozen(false)
+			return err
+		}
+		pids, err := c.pids()
+		n := 0
+		for _, pid := range pids {
+			if !spare(pid) {
+				unix.Kill(pid, unix.SIGKILL)
+				n++
+			}
+		}
+		if terr := c.setFrozen(false); terr != nil && err == nil {
+			err = terr
+		}
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return nil
+		}
+		// The killed leave the cgroup once thawed and dead.
+		for wait := 50 * time.Microsecond; ; wait = min(2*wait, 5*time.Millisecond) {
+			pids, err := c.pids()
+			if err != nil {
+				return err
+			}
+			left := slices.DeleteFunc(pids, spare)
+			if len(left) == 0 || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(wait)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("container: processes of the container survive their SIGKILL")
+		}
+	}
 }
 
 // freezeTimeout bounds how long freezing or thawing the cgroup may take.
