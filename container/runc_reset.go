@@ -131,15 +131,30 @@ func wipeTmpfs(dir *os.File, m tmpfs, uid int) error {
 
 // ipcClear removes every SysV IPC object and POSIX message queue of the
 // IPC namespace of process pid, which outlive their processes: from a
-// thread of moat's that joins the namespace for that and then ends (it is
-// never unlocked from its goroutine, so the runtime does not reuse it).
-// The message queues are listed through an mqueue file system of that
-// namespace mounted for a moment in mqDir's fresh subdirectory.
+// thread of moat's that joins the namespace for that and then goes back
+// to its own. The thread stays locked to its goroutine until it is back;
+// if it cannot go back it is never unlocked, and the runtime ends it with
+// the goroutine. (A thread that ends takes with it the children started
+// from it with a parent death signal, runc's unshare among them: hence
+// the way back.) The message queues are listed through an mqueue file
+// system of that namespace mounted for a moment in a fresh subdirectory
+// of mqDir.
 func ipcClear(pid int, mqDir string) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		errc <- ipcClearHere(pid, mqDir)
+		back, err := unix.Open("/proc/thread-self/ns/ipc", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("moat's IPC namespace: %w", err)
+			return
+		}
+		defer unix.Close(back)
+		err = ipcClearHere(pid, mqDir)
+		if unix.Setns(back, unix.CLONE_NEWIPC) == nil {
+			runtime.UnlockOSThread()
+		}
+		errc <- err
 	}()
 	return <-errc
 }

@@ -225,6 +225,9 @@ func extraBenchTargets(ctx context.Context, fc fileConfig, l moat.Level, closers
 		// fresh sandbox per run.
 		fc.GVisor.Recycle = true
 		sb, err := openLevel(ctx, fc, l)
+		if errors.Is(err, moat.ErrUnavailable) {
+			return nil, nil // no recycled row where the level cannot recycle
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -252,17 +255,34 @@ func extraBenchTargets(ctx context.Context, fc fileConfig, l moat.Level, closers
 		if cfg.Driver == container.DriverRunc {
 			other, name = container.DriverDocker, "container-docker"
 		}
-		cfg.Driver = other
-		sb, err := container.New(cfg)
+		ocfg := cfg
+		ocfg.Driver, ocfg.Recycle = other, false
+		sb, err := container.New(ocfg)
+		switch {
+		case errors.Is(err, moat.ErrUnavailable):
+			// The other driver cannot run here: no row.
+		case err != nil:
+			return nil, err
+		default:
+			*closers = append(*closers, sb)
+			t := bench.SandboxTarget(name, sb)
+			t.Note = sb.Describe()
+			targets = append(targets, t)
+		}
+		// One tenant's runs in a container of the runc driver reset after
+		// each run (container.recycle), where the runc driver runs.
+		rcfg := cfg
+		rcfg.Driver, rcfg.Recycle = container.DriverRunc, true
+		rsb, err := container.New(rcfg)
 		if errors.Is(err, moat.ErrUnavailable) {
-			return targets, nil // the other driver cannot run here: no row
+			return targets, nil
 		}
 		if err != nil {
 			return nil, err
 		}
-		*closers = append(*closers, sb)
-		t := bench.SandboxTarget(name, sb)
-		t.Note = sb.Describe()
+		*closers = append(*closers, rsb)
+		t := bench.TenantTarget("container-runc/recycled", rsb, "bench")
+		t.Note = "one tenant's runs reuse a runc container, reset from the host after each run (container.recycle)"
 		return append(targets, t), nil
 	case moat.LevelMicroVM:
 		// A second sandbox that boots a fresh VM for every run, to show

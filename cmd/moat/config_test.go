@@ -106,7 +106,7 @@ const goodConfig = `{
   "subprocess": {"hardening": "tutorial", "python": "/usr/local/bin/python3", "run_dir": "/run/x",
                  "uid_first": 3000000000, "uid_count": 10, "session_cpu_time": "1m", "warm": 2, "warm_max": 5},
   "container": {"image": "img:1", "runtime": "runc", "allow_vulnerable_runtime": true, "python": "/p",
-                "uid_first": 5000, "uid_count": 6, "cpus": 0.5, "warm": -1, "warm_max": 2, "session_cpu_time": "2m", "driver": "runc"},
+                "uid_first": 5000, "uid_count": 6, "cpus": 0.5, "warm": -1, "warm_max": 2, "session_cpu_time": "2m", "driver": "runc", "recycle": true},
   "gvisor": {"runsc": "/r", "platform": "ptrace", "state_dir": "/s", "rootfs": "/fs", "warm": 3, "warm_max": 4, "recycle": true, "session_cpu_time": "2m"},
   "image": {"state_dir": "/i", "suite": "trixie", "packages": ["python3-numpy", "python3-pandas"],
             "mirror": "http://127.0.0.1/debian", "repository": "repo"},
