@@ -182,3 +182,72 @@ func TestReviewRecycledRunc(t *testing.T) {
 		return sb
 	})
 }
+
+// TestReviewResetKeepsOthers: a reset clears the container's IPC objects
+// from an OS thread that joined its IPC namespace and is then let die
+// (ipcClear locks it and never unlocks it), while every runc container is
+// started under util-linux's unshare with Pdeathsig SIGKILL (startWith),
+// which the kernel sends when the OS thread that forked it exits, not the
+// process. A reset whose goroutine lands on a thread that once started a
+// container thus kills that container: the tenant's own recycled one, or
+// another run's in progress, whoever's it is. So runs of other tenants and
+// the recycled tenant's own must all end as they would with no reset going
+// on: none fails the sandbox, every one prints what it should.
+func TestReviewResetKeepsOthers(t *testing.T) {
+	r := newReviewTenant(t, moat.Limits{})
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	errs := make(chan string, 100)
+	// Other runs, no tenant: fresh containers, started from whatever OS
+	// thread the engine's goroutines run on.
+	for i := range 3 {
+		wg.Go(func() {
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				res, err := r.sb.Run(context.Background(), moat.Request{Code: []byte("import time; time.sleep(1); print('ok')")})
+				switch {
+				case err != nil:
+					errs <- "other run " + strconv.Itoa(i) + "/" + strconv.Itoa(n) + ": " + err.Error()
+				case string(res.Stdout) != "ok\n" || res.ExitCode != 0:
+					errs <- "other run " + strconv.Itoa(i) + "/" + strconv.Itoa(n) + ": exit " + strconv.Itoa(res.ExitCode) + " " + string(res.Reason) + " " + string(res.Stdout)
+				}
+			}
+		})
+	}
+	recycled := 0
+	for n := range 120 {
+		res, err := r.run("print(6 * 7)")
+		switch {
+		case err != nil:
+			errs <- "tenant run " + strconv.Itoa(n) + ": " + err.Error()
+		case string(res.Stdout) != "42\n":
+			errs <- "tenant run " + strconv.Itoa(n) + ": " + string(res.Stdout)
+		case sandboxtest.Recycled(res):
+			recycled++
+		}
+		// Let the reset run, and a new instance be made if it failed.
+		for deadline := time.Now().Add(5 * time.Second); r.pr.PoolStats().Parked == 0 && time.Now().Before(deadline); {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	close(errs)
+	var bad []string
+	for e := range errs {
+		bad = append(bad, e)
+	}
+	for _, l := range strings.Split(r.logs.String(), "\n") {
+		if strings.Contains(l, "server ended") || strings.Contains(l, "could not start") || strings.Contains(l, "reset failed") {
+			bad = append(bad, "log: "+l)
+		}
+	}
+	t.Logf("%d of 120 tenant runs recycled", recycled)
+	if len(bad) > 0 {
+		t.Fatalf("with resets going on, runs failed or containers died:\n%s", strings.Join(bad, "\n"))
+	}
+}
