@@ -46,15 +46,23 @@ done = [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getp
 print('slice set on', done)
 `
 
-// lookSlice prints the run's own scheduling attributes (sched_getattr).
+// lookSlice prints the run's own scheduling attributes (sched_getattr),
+// and those of the other processes it sees (an init, a run server), which
+// it may read as well: what a previous run set there is as much a channel
+// to this one as what this one inherits.
 const lookSlice = `
-import ctypes, platform, struct
+import ctypes, os, platform, struct
 libc = ctypes.CDLL(None, use_errno=True)
 GET = {'x86_64': 315, 'aarch64': 275}[platform.machine()]
-buf = ctypes.create_string_buffer(56)
-assert libc.syscall(GET, 0, buf, 56, 0) == 0, ctypes.get_errno()
-size, policy, flags, nice, prio, runtime, deadline, period = struct.unpack('IIQiIQQQ', buf.raw[:48])
-print('policy', policy, 'flags', flags, 'nice', nice, 'prio', prio, 'runtime', runtime, 'deadline', deadline, 'period', period)
+def attrs(pid):
+    buf = ctypes.create_string_buffer(56)
+    if libc.syscall(GET, pid, buf, 56, 0) != 0:
+        return None
+    size, policy, flags, nice, prio, runtime, deadline, period = struct.unpack('IIQiIQQQ', buf.raw[:48])
+    return 'policy %d flags %d nice %d prio %d runtime %d deadline %d period %d' % (policy, flags, nice, prio, runtime, deadline, period)
+print('mine:', attrs(0))
+others = {attrs(int(p)) for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()} - {None}
+print('others:', sorted(others))
 `
 
 // schedSliceAsFresh checks that a slice a run set on the instance's other
