@@ -181,6 +181,11 @@ func TestReviewRecycledRunc(t *testing.T) {
 		}
 		return sb
 	})
+	// Claim 4: every Sandbox is closed by now, whatever its runs did to
+	// their containers; nothing of them is left on the host.
+	if left := moatcontainer.RuncLeftovers(); len(left) > 0 {
+		t.Fatalf("left on the host after every recycling Sandbox closed: %v", left)
+	}
 }
 
 // TestReviewResetKeepsOthers: a reset clears the container's IPC objects
