@@ -2,6 +2,16 @@
 # starts, on the host's word, the python3 of each run and reports how it
 # ended; it runs nothing of the code's and reads nothing the code can write.
 #
+# It runs as uid 0 with CAP_SETUID, CAP_SETGID and CAP_SETPCAP only (and
+# moat's seccomp filter, no_new_privs, the container's namespaces): each
+# run's python3 drops the bounding set, then its groups, gid and uid to the
+# container's uid, which leaves it no capability in any set, as a fresh
+# container's init has none. The code, of another uid, can then neither
+# signal the server nor trace it, read its memory or descriptors, nor
+# change its limits or scheduling (prlimit, setpriority, sched_setattr,
+# ioprio_set all need the same uid): none of what it could do to a process
+# of its own uid reaches the next run through the server.
+#
 # fd 3 is its end of a unix SOCK_SEQPACKET socket pair whose other end is
 # moat's, on the host; nothing else in the container can reach it. Messages:
 #   host -> server  b'S' with three descriptors (SCM_RIGHTS): start the next
@@ -12,12 +22,8 @@
 #                   b'E<pid> <st>'  it ended, st its raw wait status
 # Any other message from the host ends the server, and so the container.
 #
-# It makes itself undumpable first, so that the code, which runs as the same
-# uid, can neither read nor write its memory or descriptors (/proc/1/mem,
-# /proc/1/fd, ptrace, pidfd_getfd); it ignores SIGINT and catches only
-# SIGCHLD, so that no signal sent from inside the container (the kernel
-# drops the others for a namespace's init) ends or disturbs it. The host
-# checks both from /proc before any run. It imports everything it needs
+# It also makes itself undumpable, ignores SIGINT and catches only SIGCHLD
+# (the host checks that from /proc), and imports everything it needs
 # before any run: python3 -I -S keeps the working directory and the user's
 # site off sys.path anyway.
 import array, ctypes, os, select, signal, socket, sys
@@ -31,7 +37,11 @@ os.set_inheritable(3, False)
 ctl = socket.socket(fileno=3)
 python = sys.argv[1]
 workdir = sys.argv[2]
+uid = int(sys.argv[3])
+libc = ctypes.CDLL(None, use_errno=True)
+PR_CAPBSET_DROP = 24
 env = dict(os.environ)
+env['PWD'] = workdir  # as the shell of a fresh container's init sets it
 child = 0
 
 
@@ -57,6 +67,17 @@ def start(fds):
             for i, fd in enumerate(fds):
                 os.dup2(fd, i)
             os.closerange(3, 1 << 20)
+            # The OOM killer's choice before the server (raising it needs
+            # no capability; only uid 0 may still write it).
+            with open('/proc/self/oom_score_adj', 'w') as f:
+                f.write('1000')
+            last = int(open('/proc/sys/kernel/cap_last_cap').read())
+            for cap in range(last + 1):
+                if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+                    os._exit(126)
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
             os.chdir(workdir)
             os.execvpe(python, [python, '-'], env)
         finally:

@@ -59,22 +59,29 @@ import (
 //     when the container was made, by root on the host through os.Root (no
 //     link is followed), and their modes, owners, times and extended
 //     attributes restored;
-//   - the server's and the new python3's attributes that another process
-//     of the same uid could have changed (rlimits through prlimit, nice,
-//     scheduling policy, CPU and memory affinity, I/O priority) are
-//     compared with the server's as runc made it; the new python3 is
-//     checked as a fresh init is (its uid, no capability, no_new_privs,
-//     moat's seccomp filters, the spec's rlimits and cgroups), and only
-//     once it runs python3 (its command line, read from the host).
+//   - the new python3 is checked as a fresh container's init is (its uid,
+//     no capability in any set, no_new_privs, moat's seccomp filters, the
+//     spec's rlimits and cgroups), once it runs python3 (its command line,
+//     read from the host), and its attributes and the server's (rlimits,
+//     nice, scheduling, affinity, I/O priority) against the server's as
+//     runc made it, which nothing of the code's can change (see below).
 //
-// What the code can do to the server while it runs: nothing that reaches
-// the next run. It runs as the same uid, but the server is undumpable
-// (checked from the host: its /proc/PID/fd and mem are root's), so neither
-// /proc/1/mem, /proc/1/fd, ptrace nor pidfd_getfd reaches it; it is PID 1
-// of the container's namespace and catches only SIGCHLD (checked from the
-// host: SigCgt), so no other signal from inside reaches it. What it could
-// change with the uid's rights is checked at each reset, above.
-//
+// What the code can do to the server while it runs: nothing. The server
+// runs as uid 0 with only CAP_SETUID, CAP_SETGID and CAP_SETPCAP (checked
+// from the host, as each run's python3 is checked to have dropped them
+// all), so the code, of the container's uid, can neither signal it, trace
+// it, read its memory or descriptors, nor change its rlimits, nice,
+// scheduling or I/O priority: the kernel allows those only to the same uid
+// or to capabilities the code has none of. (A hostile review found that a
+// server of the code's own uid, undumpable, still had its limits and its
+// fair-scheduler slice changed through prlimit and sched_setattr, and was
+// killed so; checking attributes one by one would never have been
+// complete.) The server also catches only SIGCHLD and ignores SIGINT, and
+// its oom_score_adj is below the runs' (500 against 1000), so the memory
+// cgroup's OOM killer takes the code's processes first; a server that dies
+// in a run all the same ends the run, with the memory verdict when the
+// cgroup counted an OOM kill.
+
 // What recycling gives up, within one tenant only: the runs share the
 // container's network and IPC namespaces and kernel objects a reset does
 // not list (the page cache, a pid counter), and the server is the same
@@ -86,7 +93,63 @@ var recycleServer string
 // recycleCmd is the command of a recycled container's init: the run server,
 // once it has given the cue on fd 4 that runc's init exec'd it.
 func (s *spec) recycleCmd() []string {
-	return []string{"/bin/sh", "-c", `echo >&4; exec 4>&-; exec "$0" -I -S -c "$1" "$0" "$2"`, s.python, recycleServer, image.WorkDir}
+	return []string{"/bin/sh", "-c", `echo >&4; exec 4>&-; exec "$0" -I -S -c "$1" "$0" "$2" "$3"`, s.python, recycleServer, image.WorkDir, "UID"}
+}
+
+// serverCaps are the run server's capabilities, its only ones: to make
+// each run's python3 the container's uid, with no capability left in any
+// set (the bounding set emptied first).
+var serverCaps = []string{"CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP"}
+
+// serverSpec makes the spec of a recycled container's init the run
+// server's: uid and gid 0 with serverCaps and nothing else, from /, less
+// likely than the runs to be the memory cgroup OOM killer's choice
+// (oom_score_adj 500, the runs' python3 1000), and uid, the container's,
+// as its last argument.
+func serverSpec(s *ociSpec, uid int) {
+	p := &s.Process
+	p.User = ociUser{UID: 0, GID: 0, AdditionalGids: []uint32{}}
+	p.Capabilities.Bounding = serverCaps
+	p.Capabilities.Effective = serverCaps
+	p.Capabilities.Permitted = serverCaps
+	p.Cwd = "/"
+	p.OOMScoreAdj = serverOOMScoreAdj
+	p.Args[len(p.Args)-1] = strconv.Itoa(uid)
+}
+
+const serverOOMScoreAdj = 500
+
+// checkServerCreds checks from the host that the run server (pid) has uid
+// and gid 0 (real, effective, saved, fs), no supplementary group,
+// no_new_privs, and serverCaps in its bounding, permitted and effective
+// sets, none inheritable or ambient.
+func checkServerCreds(pid int) error {
+	st, err := procStatus(pid)
+	if err != nil {
+		return fmt.Errorf("container: the run server (pid %d): %w", pid, err)
+	}
+	var want uint64
+	for _, c := range []int{unix.CAP_SETGID, unix.CAP_SETUID, unix.CAP_SETPCAP} {
+		want |= 1 << c
+	}
+	for k, w := range map[string]uint64{"CapInh": 0, "CapPrm": want, "CapEff": want, "CapBnd": want, "CapAmb": 0} {
+		v, err := strconv.ParseUint(st[k], 16, 64)
+		if err != nil || v != w {
+			return fmt.Errorf("container: the run server has %s %q, want %016x", k, st[k], w)
+		}
+	}
+	if st["NoNewPrivs"] != "1" {
+		return fmt.Errorf("container: the run server has NoNewPrivs %q", st["NoNewPrivs"])
+	}
+	for _, k := range []string{"Uid", "Gid"} {
+		if strings.Join(strings.Fields(st[k]), " ") != "0 0 0 0" {
+			return fmt.Errorf("container: the run server has %s %q, want 0", k, st[k])
+		}
+	}
+	if st["Groups"] != "" {
+		return fmt.Errorf("container: the run server has supplementary groups %q", st["Groups"])
+	}
+	return nil
 }
 
 var _ engine.Recycler = (*runcBackend)(nil)
@@ -129,7 +192,7 @@ func (b *runcBackend) NewRecycled(ctx context.Context) (_ engine.SessionInstance
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	in, err := b.newContainer(b.spec.recycleCmd())
+	in, err := b.newContainer(b.spec.recycleCmd(), serverSpec)
 	if err != nil {
 		return nil, err
 	}
@@ -157,7 +220,7 @@ func (b *runcBackend) NewRecycled(ctx context.Context) (_ engine.SessionInstance
 	if err != nil {
 		return nil, err
 	}
-	if err := in.checkInit(); err != nil {
+	if err := in.checkInit(checkServerCreds); err != nil {
 		return nil, err
 	}
 	if in.cg, err = cgroupPaths(in.pid); err != nil {
@@ -654,6 +717,12 @@ func (r *recycledRun) Wait() (engine.Evidence, error) {
 	status := r.status
 	rc.mu.Unlock()
 	if err != nil {
+		// The server died: with the OOM killer's count up, the memory
+		// limit was hit (the run got no status of its python3, and the
+		// container serves no more runs); else the run failed.
+		if oom, oerr := rc.cg.oomKills(); oerr == nil && oom > r.oomBase {
+			return engine.Evidence{Memory: true}, nil
+		}
 		return engine.Evidence{}, err
 	}
 	used, err1 := rc.cg.cpuUsage()

@@ -74,7 +74,7 @@ func (b *runcBackend) Prepare(ctx context.Context) (engine.Instance, error) {
 }
 
 func (b *runcBackend) prepare() (_ *runcInstance, err error) {
-	in, err := b.newContainer(b.spec.runcCmd())
+	in, err := b.newContainer(b.spec.runcCmd(), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -93,9 +93,10 @@ func (b *runcBackend) prepare() (_ *runcInstance, err error) {
 }
 
 // newContainer leases a uid and writes the bundle of a container whose
-// init runs args, with every protection of runcSpec; nothing runs yet.
-// The caller Discards it on failure.
-func (b *runcBackend) newContainer(args []string) (_ *runcInstance, err error) {
+// init runs args, with every protection of runcSpec, and what edit changes
+// in its spec if edit is not nil; nothing runs yet. The caller Discards it
+// on failure.
+func (b *runcBackend) newContainer(args []string, edit func(s *ociSpec, uid int)) (_ *runcInstance, err error) {
 	// A container of a moat that died may still run as a uid leased from
 	// now on: reap first (cheap when there is nothing to reap).
 	b.reap()
@@ -117,6 +118,9 @@ func (b *runcBackend) newContainer(args []string) (_ *runcInstance, err error) {
 	}
 	spec := b.spec.runcSpec(b.rootfs, in.cgroupsPath(), lease.UID, b.seccomp)
 	spec.Process.Args = args
+	if edit != nil {
+		edit(spec, lease.UID)
+	}
 	js, err := json.Marshal(spec)
 	if err != nil {
 		return nil, fmt.Errorf("container: %w", err)
@@ -214,7 +218,7 @@ func (in *runcInstance) startWith(files []*os.File) error {
 // mounts) is in place.
 func (in *runcInstance) check() error {
 	b := in.b
-	if err := in.checkInit(); err != nil {
+	if err := in.checkInit(func(pid int) error { return checkCreds(pid, in.lease.UID) }); err != nil {
 		return err
 	}
 	p := &runcProcess{in: in}
@@ -236,9 +240,9 @@ func (in *runcInstance) check() error {
 }
 
 // checkInit waits for the cue on in.ready that the container's init runs
-// and checks it from the host: everything check says but the watch. It
-// sets in.pid.
-func (in *runcInstance) checkInit() error {
+// and checks it from the host: everything check says but the watch, its
+// credentials with creds. It sets in.pid.
+func (in *runcInstance) checkInit(creds func(pid int) error) error {
 	b := in.b
 	// The cue that runc's init has exec'd the shell (or, at EOF, that runc
 	// ended without).
@@ -267,7 +271,7 @@ func (in *runcInstance) checkInit() error {
 		return unavailable("a container would run without moat's seccomp filter", "check "+b.runc, err)
 	}
 	b.lastFilters.Store(int64(nf))
-	if err := checkCreds(pid, in.lease.UID); err != nil {
+	if err := creds(pid); err != nil {
 		return unavailable("a container of the runc driver would run with more than moat allows", "check "+b.runc, err)
 	}
 	if err := checkNamespaces(pid); err != nil {
