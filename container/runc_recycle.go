@@ -773,6 +773,11 @@ func (b *runcBackend) Reset(ctx context.Context, inst engine.SessionInstance) er
 	if err := checkServer(rc.pid); err != nil {
 		return fmt.Errorf("container: recycle: %w", err)
 	}
+	// The server's own CPU time counts against its RLIMIT_CPU (the run's
+	// limit) over all the runs it serves: it goes before it gets near.
+	if used, err := procCPU(rc.pid); err != nil || used > time.Duration(b.spec.limits.CPUTime)/2 {
+		return fmt.Errorf("container: recycle: the run server has used %v of CPU time (%v)", used, err)
+	}
 	return rc.startNext(ctx)
 }
 
@@ -780,6 +785,26 @@ func (rc *runcRecycled) isBroken() bool {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	return rc.broken != nil
+}
+
+// procCPU is the CPU time process pid has used (utime and stime of
+// /proc/PID/stat, in clock ticks of 1/100 s).
+func procCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	f := strings.Fields(string(b[i+1:]))
+	if i < 0 || len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %q", pid, b)
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, err
+	}
+	return time.Duration(ut+st) * 10 * time.Millisecond, nil
 }
 
 // unixSockets counts the unix sockets of the network namespace of pid.
