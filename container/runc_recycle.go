@@ -26,7 +26,8 @@ import (
 // A tenant's recycled container is made as a one-shot run's (runcSpec:
 // the same uid lease, seccomp filter, namespaces, read-only root, tmpfs
 // mounts, cgroup limits and rlimits, all checked from the host as a fresh
-// container's are), but its init is a run server (recycle_server.py)
+// container's are), but its init is a run server (recycle_server.py), of
+// uid 0 with three capabilities (see below),
 // instead of the shell of one run. The server starts each run's python3
 // when the host tells it to, with stdin, stdout and stderr the host made
 // for that run alone (passed over a unix socket pair only the server holds
@@ -276,11 +277,12 @@ func openTmpfs(root, path string) (*os.File, error) {
 	return f, nil
 }
 
-// checkServer checks from the host that the run server cannot be reached
-// by the code's processes of the same uid: it is undumpable (the kernel
-// then gives the files of its /proc directory, such as fd and mem, to
-// root), and it catches no signal but
-// SIGCHLD (so, as its namespace's init, it gets no other from inside).
+// checkServer checks from the host what the run server does on top of
+// running as another uid than the code (checkServerCreds): it is
+// undumpable (the kernel then gives the files of its /proc directory, such
+// as fd and mem, to root), and it catches no signal but SIGCHLD (so, as
+// its namespace's init, it would get no other from inside even from its
+// own uid).
 func checkServer(pid int) error {
 	var st unix.Stat_t
 	for _, f := range []string{"fd", "mem"} {
