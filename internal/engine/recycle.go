@@ -66,6 +66,12 @@ const (
 	makeTimeout  = time.Minute
 )
 
+// makeAtOnce is how many instances are made for one tenant at once: a
+// tenant whose runs come from several clients at a time needs several, and
+// one at a time left most of its first seconds' runs without one (a fresh
+// instance made on the run's path each).
+const makeAtOnce = 2
+
 // recycleWork is how many makes and resets run at once: two per CPU. They
 // are off the runs' paths and outside MaxRuns, so a tenant whose runs
 // leave much to wipe must not take the host from the others' runs; but a
@@ -92,7 +98,7 @@ type recycler struct {
 	mu     sync.Mutex
 	parked map[string][]*recycled // by tenant, oldest first
 	n      int                    // parked, over all tenants
-	making map[string]bool        // tenants an instance is being made for
+	making map[string]int         // instances being made, by tenant
 	seen   map[string]time.Time   // when tenants without a parked instance last ran
 	closed bool
 	bg     sync.WaitGroup // makes, resets and closes in progress
@@ -106,7 +112,7 @@ func newRecycler(s *Sandbox, b Backend) (*recycler, error) {
 	if !ok {
 		return nil, fmt.Errorf("%s: recycling is not supported at this level: %w", s.cfg.Level, moat.ErrInvalid)
 	}
-	return &recycler{s: s, b: rb, parked: map[string][]*recycled{}, making: map[string]bool{}, seen: map[string]time.Time{},
+	return &recycler{s: s, b: rb, parked: map[string][]*recycled{}, making: map[string]int{}, seen: map[string]time.Time{},
 		work: make(chan struct{}, recycleWork)}, nil
 }
 
@@ -164,14 +170,16 @@ func (r *recycler) want(tenant string) {
 		}
 	}
 	r.seen[tenant] = now
-	if r.closed || r.making[tenant] || !again {
+	if r.closed || r.making[tenant] >= makeAtOnce || !again {
 		return
 	}
-	r.making[tenant] = true
+	r.making[tenant]++
 	r.bg.Go(func() {
 		defer func() {
 			r.mu.Lock()
-			delete(r.making, tenant)
+			if r.making[tenant]--; r.making[tenant] == 0 {
+				delete(r.making, tenant)
+			}
 			r.mu.Unlock()
 		}()
 		if !r.begin() {
