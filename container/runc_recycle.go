@@ -752,8 +752,8 @@ func (b *runcBackend) Reset(ctx context.Context, inst engine.SessionInstance) er
 	if !ok {
 		return fmt.Errorf("container: recycle: not a recycled container of this driver: %w", moat.ErrInvalid)
 	}
-	if err := rc.brokenErr(); rc.isBroken() {
-		return err
+	if rc.isBroken() {
+		return rc.brokenErr()
 	}
 	if err := rc.kill(); err != nil {
 		return err
