@@ -58,3 +58,14 @@ func ServeEgress(handle func(l net.Listener)) (restore func()) {
 	serve = func(_ *backend, _ *egress.Run, l net.Listener) { handle(l) }
 	return func() { serve = old }
 }
+
+// HoldTeardown makes the removals that finish after a run's result wait
+// until release is called.
+func HoldTeardown() (release func()) {
+	gate := make(chan struct{})
+	teardownHook = func() { <-gate }
+	return func() {
+		teardownHook = nil
+		close(gate)
+	}
+}

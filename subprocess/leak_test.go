@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -98,4 +99,36 @@ func hostHasShmKey(t *testing.T, key int) bool {
 		}
 	}
 	return false
+}
+
+// TestFilesGoneWhenRunReturns: the files a run wrote are gone from the
+// host's tree when Run returns, however late the rest of the teardown
+// (the helper's exit, the cgroup's removal) finishes. CI once found a
+// run's file still in /run/moat/runs when the removal was all after the
+// result.
+func TestFilesGoneWhenRunReturns(t *testing.T) {
+	requireRoot(t)
+	for _, h := range []subprocess.Hardening{subprocess.HardeningStrict, subprocess.HardeningTutorial} {
+		t.Run(string(h), func(t *testing.T) {
+			sb, err := subprocess.New(subprocess.Config{Limits: moat.Limits{}.WithDefaults(), Hardening: h})
+			if err != nil {
+				t.Fatal(err)
+			}
+			release := subprocess.HoldTeardown()
+			defer func() {
+				release()
+				if err := sb.Close(); err != nil {
+					t.Errorf("Close: %v", err)
+				}
+			}()
+			res := run(t, sb, "import os; open('moatgone', 'w').write('x'); print(os.path.join(os.getcwd(), 'moatgone'))")
+			path := strings.TrimSpace(string(res.Stdout))
+			if res.ExitCode != 0 || !filepath.IsAbs(path) {
+				t.Fatalf("the run did not write its file: exit %d, stdout %q, stderr %q", res.ExitCode, res.Stdout, res.Stderr)
+			}
+			if _, err := os.Lstat(path); err == nil {
+				t.Errorf("%s, which the run wrote, is still on the host after Run returned", path)
+			}
+		})
+	}
 }

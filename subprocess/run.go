@@ -178,12 +178,45 @@ func (in *instance) Discard() {
 	}
 	// The run's Wait found nothing of the code left in its cgroup (the
 	// helper had killed and reaped it before its report): what is left is
-	// the helper's own exit and the removals.
+	// the helper's own exit and the removals. The run's files go before
+	// the result does: the tmpfs is detached here (its contents are freed
+	// once the exiting helper lets go of it), and a plain directory is
+	// removed here. Nothing the run wrote is found on the host by path
+	// once Run has returned.
+	in.unlinkFiles()
+	hook := teardownHook
 	in.b.teardown.Add(1)
 	go func() {
 		defer in.b.teardown.Done()
+		if hook != nil {
+			hook()
+		}
 		in.remove()
 	}()
+}
+
+// teardownHook, when set (by tests only), runs before the removals that
+// finish after a run's result.
+var teardownHook func()
+
+// unlinkFiles makes the run's files unreachable from the host's tree: it
+// detaches the run's tmpfs or, without one, removes the directory. What
+// fails is logged and left to remove.
+func (in *instance) unlinkFiles() {
+	if in.dir == "" {
+		return
+	}
+	if in.mounted {
+		if err := unix.Unmount(in.dir, unix.MNT_DETACH); err != nil {
+			in.b.log.Warn("subprocess: cleanup", "id", in.id, "err", fmt.Errorf("detach the run's tmpfs: %w", err))
+			return
+		}
+		in.mounted = false
+		return
+	}
+	if err := os.RemoveAll(in.dir); err != nil {
+		in.b.log.Warn("subprocess: cleanup", "id", in.id, "err", err)
+	}
 }
 
 // remove removes what is left of the instance: the helper, once it has
